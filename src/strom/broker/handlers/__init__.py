@@ -1,0 +1,39 @@
+"""API handlers, one module per Kafka API family; ``HANDLERS`` maps each API key to its handler."""
+
+from __future__ import annotations
+
+from strom.broker.dispatcher import Handler
+from strom.broker.handlers.api_versions import handle_api_versions
+from strom.broker.handlers.cluster import handle_describe_cluster
+from strom.broker.handlers.configs import (
+    handle_alter_configs,
+    handle_describe_configs,
+    handle_incremental_alter_configs,
+)
+from strom.broker.handlers.delete_records import handle_delete_records
+from strom.broker.handlers.fetch import handle_fetch
+from strom.broker.handlers.leader_epoch import handle_offset_for_leader_epoch
+from strom.broker.handlers.list_offsets import handle_list_offsets
+from strom.broker.handlers.metadata import handle_metadata
+from strom.broker.handlers.produce import handle_produce
+from strom.broker.handlers.producer_id import handle_init_producer_id
+from strom.broker.handlers.topics import handle_create_partitions, handle_create_topics, handle_delete_topics
+from strom.protocol.apis import ApiKey
+
+HANDLERS: dict[ApiKey, Handler] = {
+    ApiKey.PRODUCE: handle_produce,
+    ApiKey.FETCH: handle_fetch,
+    ApiKey.LIST_OFFSETS: handle_list_offsets,
+    ApiKey.METADATA: handle_metadata,
+    ApiKey.API_VERSIONS: handle_api_versions,
+    ApiKey.CREATE_TOPICS: handle_create_topics,
+    ApiKey.DELETE_TOPICS: handle_delete_topics,
+    ApiKey.DELETE_RECORDS: handle_delete_records,
+    ApiKey.INIT_PRODUCER_ID: handle_init_producer_id,
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: handle_offset_for_leader_epoch,
+    ApiKey.DESCRIBE_CONFIGS: handle_describe_configs,
+    ApiKey.ALTER_CONFIGS: handle_alter_configs,
+    ApiKey.CREATE_PARTITIONS: handle_create_partitions,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: handle_incremental_alter_configs,
+    ApiKey.DESCRIBE_CLUSTER: handle_describe_cluster,
+}

@@ -1,0 +1,39 @@
+# `make run` and `make test` work on a fresh machine: they create .venv and install
+# everything they need (Python packages from PyPI, Debian packages with apt-get).
+
+VENV      := .venv
+PYTHON    := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+APT_PACKAGES := kcat
+
+.PHONY: run test lint unit integration conformance bench system-deps clean
+
+$(INSTALLED): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+run: $(INSTALLED)
+	$(VENV)/bin/strom serve config/server.properties
+
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+test: $(INSTALLED) system-deps lint
+	bash tests/conformance/build_librdkafka.sh
+	$(VENV)/bin/pytest -q -ra
+
+bench: $(INSTALLED)
+	bash bench/setup.sh
+	$(PYTHON) bench/broker_bench.py --write-results
+
+clean:
+	rm -rf $(VENV) .cache data

@@ -1,0 +1,5 @@
+import sys
+
+from strom.cli.main import main
+
+sys.exit(main())

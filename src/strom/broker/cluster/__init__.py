@@ -1,0 +1,1 @@
+"""Cluster metadata and the control plane that owns it (embedded single-node for now)."""

@@ -1,0 +1,96 @@
+"""The cluster metadata image: topics, their IDs, partition state and topic configs."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """Leadership state of one partition, as a controller records it."""
+
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "replicas": self.replicas,
+            "isr": self.isr,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PartitionState:
+        return cls(
+            partition=int(data["partition"]),
+            leader=int(data["leader"]),
+            leader_epoch=int(data["leader_epoch"]),
+            replicas=[int(r) for r in data["replicas"]],
+            isr=[int(r) for r in data["isr"]],
+        )
+
+
+@dataclass(slots=True)
+class TopicState:
+    name: str
+    topic_id: uuid.UUID
+    partitions: list[PartitionState]
+    configs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def internal(self) -> bool:
+        return self.name.startswith("__")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "topic_id": str(self.topic_id),
+            "partitions": [p.to_json() for p in self.partitions],
+            "configs": self.configs,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TopicState:
+        return cls(
+            name=str(data["name"]),
+            topic_id=uuid.UUID(data["topic_id"]),
+            partitions=[PartitionState.from_json(p) for p in data["partitions"]],
+            configs={str(k): str(v) for k, v in data.get("configs", {}).items()},
+        )
+
+
+class MetadataImage:
+    """An in-memory, queryable view of every topic, by name and by topic ID."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, TopicState] = {}
+        self._by_id: dict[uuid.UUID, TopicState] = {}
+
+    def put(self, topic: TopicState) -> None:
+        self._by_name[topic.name] = topic
+        self._by_id[topic.topic_id] = topic
+
+    def remove(self, name: str) -> TopicState | None:
+        topic = self._by_name.pop(name, None)
+        if topic is not None:
+            self._by_id.pop(topic.topic_id, None)
+        return topic
+
+    def topic(self, name: str) -> TopicState | None:
+        return self._by_name.get(name)
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicState | None:
+        return self._by_id.get(topic_id)
+
+    def topics(self) -> list[TopicState]:
+        return list(self._by_name.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name

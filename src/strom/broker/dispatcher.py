@@ -1,0 +1,107 @@
+"""Routes a request frame to its API handler and encodes the handler's answer.
+
+What Kafka does with requests it cannot serve, Strom does too: an ApiVersions
+request of an unknown version gets a v0-layout UNSUPPORTED_VERSION answer (so the
+client can retry with a version it finds in the list); anything else that cannot
+be decoded -- unknown API key, unsupported version, malformed body -- closes the
+connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from strom.broker.network import CloseConnection, KafkaConnection
+from strom.protocol.apis import REJECTED_VERSIONS, SUPPORTED_VERSIONS, ApiKey, request_module, response_module
+from strom.protocol.errors import ErrorCode
+from strom.protocol.framing import (
+    ProtocolError,
+    RequestHeader,
+    decode_body,
+    encode_response,
+    parse_request_header,
+    peek_api,
+)
+
+if TYPE_CHECKING:
+    from strom.broker.server import BrokerServer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RequestContext:
+    header: RequestHeader
+    broker: BrokerServer
+    connection: KafkaConnection
+
+    @property
+    def version(self) -> int:
+        return self.header.api_version
+
+    @property
+    def response(self) -> ModuleType:
+        """kio's response module for this request's API version."""
+        return response_module(self.header.api_key, self.header.api_version)
+
+
+Handler = Callable[[RequestContext, Any], Awaitable[Any | None]]
+
+
+def _request_entity(api_key: int, version: int) -> type[Any]:
+    module = request_module(api_key, version)
+    for value in vars(module).values():
+        if isinstance(value, type) and getattr(value, "__api_key__", None) == api_key and value.__name__.endswith(
+            "Request"
+        ):
+            return value
+    raise LookupError(f"no request entity for api {api_key} v{version}")
+
+
+def _unsupported_api_versions_response(correlation_id: int) -> bytes:
+    # v0 layout: error_code, then an (empty here) array of api versions: clients only need the
+    # error and the ranges; Kafka includes ApiVersions' own range so the client can downgrade.
+    lo, hi = SUPPORTED_VERSIONS[ApiKey.API_VERSIONS].min, SUPPORTED_VERSIONS[ApiKey.API_VERSIONS].max
+    body = struct.pack(">ihihhh", correlation_id, ErrorCode.unsupported_version, 1, ApiKey.API_VERSIONS, lo, hi)
+    return struct.pack(">i", len(body)) + body
+
+
+class RequestDispatcher:
+    def __init__(self, broker: BrokerServer, handlers: dict[ApiKey, Handler]) -> None:
+        self._broker = broker
+        self._handlers = handlers
+
+    async def handle(self, connection: KafkaConnection, frame: memoryview) -> bytes | None:
+        try:
+            api_key, version, correlation_id = peek_api(frame)
+        except ProtocolError as exc:
+            raise CloseConnection(str(exc)) from exc
+        try:
+            key = ApiKey(api_key)
+        except ValueError:
+            raise CloseConnection(f"unknown api key {api_key}") from None
+        supported = SUPPORTED_VERSIONS.get(key)
+        if supported is None:
+            raise CloseConnection(f"unsupported api {key.name}")
+        if version not in supported:
+            if key == ApiKey.API_VERSIONS:
+                return _unsupported_api_versions_response(correlation_id)
+            raise CloseConnection(f"unsupported version {version} of {key.name}")
+        rejected = REJECTED_VERSIONS.get(key)
+        if rejected is not None and version in rejected:
+            raise CloseConnection(f"{key.name} v{version} is no longer supported (KIP-896)")
+        try:
+            header, body_offset = parse_request_header(frame)
+            request = decode_body(_request_entity(api_key, version), frame, body_offset)
+        except ProtocolError as exc:
+            raise CloseConnection(str(exc)) from exc
+        handler = self._handlers[key]
+        response = await handler(RequestContext(header, self._broker, connection), request)
+        if response is None:
+            return None
+        return encode_response(header, response)

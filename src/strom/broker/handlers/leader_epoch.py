@@ -1,0 +1,36 @@
+"""OffsetForLeaderEpoch (23): the end offset of a leader epoch, for log truncation after leader changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strom.broker.dispatcher import RequestContext
+from strom.broker.partition import TopicPartition
+from strom.protocol.errors import ErrorCode
+from strom.protocol.messages import build
+
+
+async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    topics = []
+    for topic in request.topics:
+        partitions = []
+        for p in topic.partitions:
+            error, epoch, end_offset = ErrorCode.none, -1, -1
+            partition = ctx.broker.replica_manager.partition(TopicPartition(topic.topic, p.partition))
+            current = p.current_leader_epoch
+            if partition is None:
+                error = ErrorCode.unknown_topic_or_partition
+            elif current >= 0 and current != partition.leader_epoch:
+                error = ErrorCode.fenced_leader_epoch if current < partition.leader_epoch else ErrorCode.unknown_leader_epoch
+            else:
+                epoch, end_offset = partition.log.leader_epoch_cache.end_offset_for(p.leader_epoch)
+                if epoch == partition.leader_epoch:
+                    # The current epoch ends where the log does; consumers may only see up to the HW.
+                    end_offset = partition.log_end_offset
+            partitions.append(
+                build(r.EpochEndOffset, error_code=error, partition=p.partition, leader_epoch=epoch,
+                      end_offset=end_offset)
+            )
+        topics.append(build(r.OffsetForLeaderTopicResult, topic=topic.topic, partitions=tuple(partitions)))
+    return build(r.OffsetForLeaderEpochResponse, topics=tuple(topics))

@@ -1,0 +1,63 @@
+"""ListOffsets (2): earliest, latest, max-timestamp and by-timestamp offset lookups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strom.broker.dispatcher import RequestContext
+from strom.broker.partition import TopicPartition
+from strom.protocol.errors import ErrorCode
+from strom.protocol.messages import build
+
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL_TIMESTAMP = -4
+LATEST_TIERED_TIMESTAMP = -5
+READ_COMMITTED = 1
+
+
+async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    replica_manager = ctx.broker.replica_manager
+    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    topics = []
+    for topic in request.topics:
+        partitions = []
+        for p in topic.partitions:
+            error, timestamp, offset, epoch = ErrorCode.none, -1, -1, -1
+            partition = replica_manager.partition(TopicPartition(topic.name, p.partition_index))
+            current_epoch = getattr(p, "current_leader_epoch", -1)
+            if partition is None:
+                error = ErrorCode.unknown_topic_or_partition
+            elif current_epoch >= 0 and current_epoch != partition.leader_epoch:
+                error = (
+                    ErrorCode.fenced_leader_epoch
+                    if current_epoch < partition.leader_epoch
+                    else ErrorCode.unknown_leader_epoch
+                )
+            elif p.timestamp == LATEST_TIMESTAMP:
+                offset = partition.last_stable_offset if read_committed else partition.high_watermark
+                epoch = partition.log.leader_epoch_cache.epoch_for_offset(offset) if offset > 0 else None
+                epoch = partition.leader_epoch if epoch is None else epoch
+            elif p.timestamp == LATEST_TIERED_TIMESTAMP:
+                # No tiered storage: nothing has been tiered.
+                pass
+            else:
+                lookup = EARLIEST_TIMESTAMP if p.timestamp == EARLIEST_LOCAL_TIMESTAMP else p.timestamp
+                found = partition.fetch_offset_for_timestamp(lookup)
+                if found is not None:
+                    timestamp, offset = found.timestamp, found.offset
+                    epoch = found.leader_epoch if found.leader_epoch is not None else -1
+            partitions.append(
+                build(
+                    r.ListOffsetsPartitionResponse,
+                    partition_index=p.partition_index,
+                    error_code=error,
+                    timestamp=timestamp,
+                    offset=offset,
+                    leader_epoch=epoch,
+                )
+            )
+        topics.append(build(r.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(partitions)))
+    return build(r.ListOffsetsResponse, topics=tuple(topics))

@@ -1,0 +1,95 @@
+"""Produce (0): append record batches to partition leaders.
+
+The handler never looks inside a batch: the log validates headers and CRCs and
+assigns offsets. With acks=0 nothing is answered; when such a produce fails the
+connection is closed, which is the producer's only signal (as in Kafka).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from strom.broker.dispatcher import RequestContext
+from strom.broker.network import CloseConnection
+from strom.broker.partition import TopicPartition
+from strom.broker.replica_manager import ProduceResult
+from strom.protocol.errors import ErrorCode
+from strom.protocol.messages import build
+
+
+def _append_time(ms: int) -> datetime.datetime | None:
+    return None if ms < 0 else datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+
+
+async def handle_produce(ctx: RequestContext, request: Any) -> Any:
+    broker = ctx.broker
+    image = broker.control_plane.image
+    acks = request.acks
+    entries: list[tuple[TopicPartition, bytes | None]] = []
+    early: dict[TopicPartition, ProduceResult] = {}
+    # (response key, partitions in request order) per topic, to answer in the request's shape.
+    order: list[tuple[Any, list[TopicPartition]]] = []
+    for topic_data in request.topic_data:
+        topic_id = getattr(topic_data, "topic_id", None)
+        if topic_id is not None:
+            topic = image.topic_by_id(topic_id)
+            name = topic.name if topic is not None else ""
+            unknown = ErrorCode.unknown_topic_id
+        else:
+            name = topic_data.name
+            topic = image.topic(name)
+            unknown = ErrorCode.unknown_topic_or_partition
+        tps = []
+        for data in topic_data.partition_data:
+            tp = TopicPartition(name or str(topic_id), data.index)
+            tps.append(tp)
+            if acks not in (0, 1, -1):
+                early[tp] = ProduceResult(ErrorCode.invalid_required_acks)
+            elif request.transactional_id is not None:
+                early[tp] = ProduceResult(
+                    ErrorCode.transactional_id_authorization_failed,
+                    error_message="Strom does not support transactions yet",
+                )
+            elif topic is None:
+                early[tp] = ProduceResult(unknown)
+            elif topic.internal:
+                early[tp] = ProduceResult(
+                    ErrorCode.invalid_topic_exception,
+                    error_message=f"Producing to internal topic {name} is not allowed",
+                )
+            else:
+                entries.append((tp, data.records))
+        order.append((topic_id if topic_id is not None else name, tps))
+
+    results = broker.replica_manager.append_records(acks, entries) if entries else {}
+    results.update(early)
+    if acks == 0:
+        if any(result.error != ErrorCode.none for result in results.values()):
+            raise CloseConnection("acks=0 produce failed")
+        return None
+
+    r = ctx.response
+    responses = []
+    for key, tps in order:
+        partitions = []
+        for tp in tps:
+            result = results[tp]
+            partitions.append(
+                build(
+                    r.PartitionProduceResponse,
+                    index=tp.partition,
+                    error_code=result.error,
+                    base_offset=result.base_offset,
+                    log_append_time=_append_time(result.log_append_time),
+                    log_start_offset=result.log_start_offset,
+                    record_errors=tuple(
+                        build(r.BatchIndexAndErrorMessage, batch_index=i, batch_index_error_message=m)
+                        for i, m in result.record_errors
+                    ),
+                    error_message=result.error_message,
+                )
+            )
+        topic_key = {"topic_id": key} if not isinstance(key, str) else {"name": key}
+        responses.append(build(r.TopicProduceResponse, partition_responses=tuple(partitions), **topic_key))
+    return build(r.ProduceResponse, responses=tuple(responses))

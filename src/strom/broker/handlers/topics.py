@@ -1,0 +1,175 @@
+"""CreateTopics (19), DeleteTopics (20) and CreatePartitions (37): the embedded controller's topic operations."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from typing import Any
+
+from strom.broker.cluster.local import InvalidTopicError, validate_topic_name
+from strom.broker.dispatcher import RequestContext
+from strom.protocol.errors import ErrorCode
+from strom.protocol.messages import build
+from strom.storage.log_config import InvalidConfigError, LogConfig, describe_topic_config
+
+ZERO_UUID = uuid.UUID(int=0)
+
+
+class TopicRequestError(Exception):
+    def __init__(self, error: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+def _check_assignments(ctx: RequestContext, assignments: list[tuple[int, ...]], replication_factor: int) -> None:
+    for broker_ids in assignments:
+        if not broker_ids or any(b != ctx.broker.node_id for b in broker_ids) or len(set(broker_ids)) != len(
+            broker_ids
+        ):
+            raise TopicRequestError(
+                ErrorCode.invalid_replica_assignment,
+                f"Replica assignment {list(broker_ids)} names brokers that are not registered "
+                f"(the only broker is {ctx.broker.node_id}) or repeats one.",
+            )
+        if replication_factor > 0 and len(broker_ids) != replication_factor:
+            raise TopicRequestError(
+                ErrorCode.invalid_replica_assignment, "All partitions must have the same number of replicas."
+            )
+
+
+def _check_replication_factor(replication_factor: int) -> None:
+    # One registered broker: a replica set can have at most one member.
+    if replication_factor > 1:
+        raise TopicRequestError(
+            ErrorCode.invalid_replication_factor,
+            f"Unable to replicate the partition {replication_factor} time(s): The target replication factor "
+            f"of {replication_factor} cannot be reached because only 1 broker(s) are registered.",
+        )
+    if replication_factor == 0 or replication_factor < -1:
+        raise TopicRequestError(ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0.")
+
+
+async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    broker = ctx.broker
+    counts = Counter(t.name for t in request.topics)
+    results = []
+    for topic in request.topics:
+        configs = {c.name: c.value for c in topic.configs if c.value is not None}
+        num_partitions = topic.num_partitions
+        replication_factor = topic.replication_factor
+        try:
+            if counts[topic.name] > 1:
+                raise TopicRequestError(ErrorCode.invalid_request, "Duplicate topic name in the request.")
+            try:
+                validate_topic_name(topic.name)
+            except InvalidTopicError as exc:
+                raise TopicRequestError(ErrorCode.invalid_topic_exception, str(exc)) from exc
+            if topic.name in broker.control_plane.image:
+                raise TopicRequestError(ErrorCode.topic_already_exists, f"Topic '{topic.name}' already exists.")
+            assignments = [tuple(a.broker_ids) for a in topic.assignments]
+            if assignments:
+                if num_partitions != -1 or replication_factor != -1:
+                    raise TopicRequestError(
+                        ErrorCode.invalid_request,
+                        "Both numPartitions or replicationFactor and replicasAssignments were set. "
+                        "Both cannot be used at the same time.",
+                    )
+                _check_assignments(ctx, assignments, -1)
+                num_partitions, replication_factor = len(assignments), len(assignments[0])
+            if num_partitions == -1:
+                num_partitions = broker.config.num_partitions
+            if replication_factor == -1:
+                replication_factor = broker.config.default_replication_factor
+            if num_partitions <= 0:
+                raise TopicRequestError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.")
+            _check_replication_factor(replication_factor)
+            try:
+                LogConfig.from_props(configs, broker.config.log_config_defaults())
+            except InvalidConfigError as exc:
+                raise TopicRequestError(ErrorCode.invalid_config, str(exc)) from exc
+            topic_id = ZERO_UUID
+            if not request.validate_only:
+                topic_id = broker.create_topic(topic.name, num_partitions, configs).topic_id
+        except TopicRequestError as exc:
+            results.append(
+                build(r.CreatableTopicResult, name=topic.name, topic_id=ZERO_UUID, error_code=exc.error,
+                      error_message=str(exc), num_partitions=-1, replication_factor=-1, configs=None)
+            )
+            continue
+        described = tuple(
+            build(r.CreatableTopicConfigs, name=e.name, value=e.value, read_only=e.read_only,
+                  config_source=e.source, is_sensitive=e.is_sensitive)
+            for e in describe_topic_config(configs, broker.config.log_config_defaults())
+        )
+        results.append(
+            build(r.CreatableTopicResult, name=topic.name, topic_id=topic_id, error_code=ErrorCode.none,
+                  error_message=None, num_partitions=num_partitions, replication_factor=replication_factor,
+                  configs=described)
+        )
+    return build(r.CreateTopicsResponse, topics=tuple(results))
+
+
+async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    broker = ctx.broker
+    image = broker.control_plane.image
+    wanted: list[tuple[str | None, uuid.UUID | None]]
+    if hasattr(request, "topics"):
+        wanted = [(t.name, t.topic_id if t.topic_id != ZERO_UUID else None) for t in request.topics]
+    else:
+        wanted = [(name, None) for name in request.topic_names]
+    results = []
+    for name, topic_id in wanted:
+        topic = image.topic_by_id(topic_id) if topic_id is not None else image.topic(name or "")
+        error, message = ErrorCode.none, None
+        if topic is None:
+            error = ErrorCode.unknown_topic_id if topic_id is not None else ErrorCode.unknown_topic_or_partition
+        elif not broker.config.delete_topic_enable:
+            error, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
+        else:
+            broker.delete_topic(topic.name)
+        results.append(
+            build(r.DeletableTopicResult, name=topic.name if topic else name, topic_id=topic_id or ZERO_UUID,
+                  error_code=error, error_message=message)
+        )
+    return build(r.DeleteTopicsResponse, responses=tuple(results))
+
+
+async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    broker = ctx.broker
+    counts = Counter(t.name for t in request.topics)
+    results = []
+    for topic in request.topics:
+        error, message = ErrorCode.none, None
+        try:
+            if counts[topic.name] > 1:
+                raise TopicRequestError(ErrorCode.invalid_request, "Duplicate topic name in the request.")
+            current = broker.control_plane.image.topic(topic.name)
+            if current is None:
+                raise TopicRequestError(
+                    ErrorCode.unknown_topic_or_partition, f"The topic '{topic.name}' does not exist."
+                )
+            existing = len(current.partitions)
+            if topic.count < existing:
+                raise TopicRequestError(
+                    ErrorCode.invalid_partitions,
+                    f"Topic currently has {existing} partitions, which is higher than the requested {topic.count}.",
+                )
+            if topic.count == existing:
+                raise TopicRequestError(ErrorCode.invalid_partitions, f"Topic already has {existing} partitions.")
+            if topic.assignments is not None:
+                if len(topic.assignments) != topic.count - existing:
+                    raise TopicRequestError(
+                        ErrorCode.invalid_replica_assignment,
+                        f"Increasing the number of partitions by {topic.count - existing} but "
+                        f"{len(topic.assignments)} assignments provided.",
+                    )
+                _check_assignments(ctx, [tuple(a.broker_ids) for a in topic.assignments], len(current.partitions[0].replicas))
+            if not request.validate_only:
+                broker.create_partitions(topic.name, topic.count)
+        except TopicRequestError as exc:
+            error, message = exc.error, str(exc)
+        results.append(build(r.CreatePartitionsTopicResult, name=topic.name, error_code=error, error_message=message))
+    return build(r.CreatePartitionsResponse, results=tuple(results))

@@ -1,0 +1,125 @@
+"""The network layer: one asyncio protocol per client connection.
+
+Frames are cut from the byte stream as they arrive and handled strictly one at a
+time per connection, so responses leave in request order (Kafka mutes a channel
+while its request is in flight for the same reason). Anything that is not a
+well-formed request costs the sender its connection and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from strom.protocol.framing import SIZE
+
+log = logging.getLogger(__name__)
+
+# Pause reading from a client that has this many requests queued: back-pressure to the socket.
+MAX_QUEUED_REQUESTS = 64
+
+
+class CloseConnection(Exception):
+    """Raised by a handler when the only correct answer is to close the connection."""
+
+
+RequestHandler = Callable[["KafkaConnection", memoryview], Awaitable[bytes | None]]
+
+
+class KafkaConnection(asyncio.Protocol):
+    def __init__(self, handle: RequestHandler, max_request_size: int, connections: set[KafkaConnection]) -> None:
+        self._handle = handle
+        self._max_request_size = max_request_size
+        self._connections = connections
+        self._buffer = bytearray()
+        self._queue: deque[memoryview] = deque()
+        self._wakeup: asyncio.Event = asyncio.Event()
+        self._transport: asyncio.Transport | None = None
+        self._reading_paused = False
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._task: asyncio.Task[None] | None = None
+        self.peer = "?"
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._connections.add(self)
+        self._task = asyncio.get_running_loop().create_task(self._process())
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buffer
+        buf += data
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            (size,) = SIZE.unpack_from(buf, pos)
+            if size < 0 or size > self._max_request_size:
+                log.warning(
+                    "closing connection: request size out of bounds",
+                    extra={"peer": self.peer, "size": size, "max": self._max_request_size},
+                )
+                self.close()
+                return
+            if end - pos - 4 < size:
+                break
+            self._queue.append(memoryview(bytes(buf[pos + 4 : pos + 4 + size])))
+            pos += 4 + size
+        if pos:
+            del buf[:pos]
+            self._wakeup.set()
+            if len(self._queue) >= MAX_QUEUED_REQUESTS and self._transport is not None:
+                self._transport.pause_reading()
+                self._reading_paused = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self)
+        self._transport = None
+        self._can_write.set()
+        if self._task is not None:
+            self._task.cancel()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # -- request processing -------------------------------------------------------------------
+
+    async def _process(self) -> None:
+        try:
+            while self._transport is not None:
+                if not self._queue:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                frame = self._queue.popleft()
+                if self._reading_paused and len(self._queue) < MAX_QUEUED_REQUESTS // 2:
+                    self._reading_paused = False
+                    if self._transport is not None:
+                        self._transport.resume_reading()
+                response = await self._handle(self, frame)
+                if response is not None and self._transport is not None:
+                    self._transport.write(response)
+                    await self._can_write.wait()
+        except CloseConnection as exc:
+            log.info("closing connection", extra={"peer": self.peer, "reason": str(exc)})
+            self.close()
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("closing connection after an unexpected error", extra={"peer": self.peer})
+            self.close()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+        self._queue.clear()

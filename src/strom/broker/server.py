@@ -1,0 +1,173 @@
+"""The broker process: storage, control plane, replica manager, listeners and schedulers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+from strom.broker.cluster.local import LocalControlPlane
+from strom.broker.cluster.metadata import TopicState
+from strom.broker.config import KafkaConfig
+from strom.broker.dispatcher import RequestDispatcher
+from strom.broker.handlers import HANDLERS
+from strom.broker.network import KafkaConnection
+from strom.broker.replica_manager import ReplicaManager
+from strom.storage import LogConfig, LogManager
+
+log = logging.getLogger(__name__)
+
+PRODUCER_ID_BLOCK_SIZE = 1000
+
+
+class ProducerIdManager:
+    """Hands out producer ids from blocks reserved durably in the control plane."""
+
+    def __init__(self, control_plane: LocalControlPlane) -> None:
+        self._control_plane = control_plane
+        self._block = range(0)
+        self._next = 0
+
+    def generate(self) -> int:
+        if self._next >= self._block.stop:
+            self._block = self._control_plane.allocate_producer_id_block(PRODUCER_ID_BLOCK_SIZE)
+            self._next = self._block.start
+        producer_id = self._next
+        self._next += 1
+        return producer_id
+
+
+class BrokerServer:
+    def __init__(self, config: KafkaConfig) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        log_dirs = [Path(d) for d in config.log_dirs]
+        self.control_plane = LocalControlPlane(log_dirs, self.node_id)
+        self.log_manager = LogManager(log_dirs)
+        self.replica_manager = ReplicaManager(self.log_manager, self.log_config)
+        self.producer_ids = ProducerIdManager(self.control_plane)
+        self._dispatcher = RequestDispatcher(self, HANDLERS)
+        self._servers: list[asyncio.Server] = []
+        self._connections: set[KafkaConnection] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.bound_ports: list[int] = []
+
+    @property
+    def cluster_id(self) -> str:
+        return self.control_plane.cluster_id
+
+    def log_config(self, topic: TopicState) -> LogConfig:
+        return LogConfig.from_props(topic.configs, self.config.log_config_defaults())
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.control_plane.load()
+        topics = {t.name: t for t in self.control_plane.image.topics()}
+        await loop.run_in_executor(
+            None,
+            lambda: self.log_manager.startup(
+                lambda name: self.log_config(topics[name]) if name in topics else LogConfig()
+            ),
+        )
+        for topic in topics.values():
+            self.replica_manager.become_leader(topic)
+        for orphan in self.log_manager.all_logs():
+            if orphan.topic not in topics:
+                # A topic deleted from the control plane just before a crash: finish the deletion.
+                log.warning("deleting the log of an unknown topic", extra={"log": str(orphan.dir)})
+                self.log_manager.delete_log(orphan.topic, orphan.partition)
+        max_request = self.config.socket_request_max_bytes
+        for listener in self.config.client_listeners():
+            server = await loop.create_server(
+                lambda: KafkaConnection(self._dispatcher.handle, max_request, self._connections),
+                host=listener.host or None,
+                port=listener.port,
+                reuse_address=True,
+                backlog=1024,
+            )
+            self._servers.append(server)
+            for sock in server.sockets:
+                self.bound_ports.append(sock.getsockname()[1])
+        self._tasks = [
+            loop.create_task(self._every(self.config.log_retention_check_interval_ms, self._retention)),
+            loop.create_task(self._every(self.config.log_flush_scheduler_interval_ms, self._flush)),
+            loop.create_task(self._every(self.config.log_flush_offset_checkpoint_interval_ms, self._checkpoint)),
+        ]
+        log.info(
+            "broker started",
+            extra={"node_id": self.node_id, "ports": self.bound_ports, "cluster_id": self.cluster_id},
+        )
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for connection in list(self._connections):
+            connection.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.replica_manager.wake_all_fetchers()
+        await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
+        log.info("broker stopped", extra={"node_id": self.node_id})
+
+    async def _every(self, interval_ms: int, job: object) -> None:
+        assert callable(job)
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await job()
+            except Exception:
+                log.exception("background job failed", extra={"job": getattr(job, "__name__", "?")})
+
+    async def _retention(self) -> None:
+        deleted = self.log_manager.cleanup_logs()
+        if deleted:
+            log.info("retention deleted segments", extra={"segments": deleted})
+
+    async def _flush(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.log_manager.flush_dirty_logs)
+
+    async def _checkpoint(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.log_manager.checkpoint)
+
+    def advertised_endpoint(self) -> tuple[str, int]:
+        """The host and port clients are told to connect to (advertised.listeners, else listeners)."""
+        listener = self.config.advertised_client_listener()
+        host = listener.host or socket.getfqdn()
+        port = listener.port or (self.bound_ports[0] if self.bound_ports else 0)
+        return host, port
+
+    # -- topic management (the embedded controller's operations) -----------------------------
+
+    def create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
+        topic = self.control_plane.create_topic(name, num_partitions, configs)
+        self.replica_manager.become_leader(topic)
+        log.info("created topic", extra={"topic": name, "partitions": num_partitions})
+        return topic
+
+    def auto_create_topic(self, name: str) -> TopicState:
+        return self.create_topic(name, self.config.num_partitions, {})
+
+    def delete_topic(self, name: str) -> TopicState | None:
+        topic = self.control_plane.delete_topic(name)
+        if topic is not None:
+            self.replica_manager.stop_replicas(topic)
+            log.info("deleted topic", extra={"topic": name})
+        return topic
+
+    def create_partitions(self, name: str, total: int) -> TopicState:
+        topic = self.control_plane.create_partitions(name, total)
+        self.replica_manager.become_leader(topic)
+        return topic
+
+    def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
+        topic = self.control_plane.set_topic_configs(name, configs)
+        self.replica_manager.update_config(topic)
+        return topic

@@ -1,0 +1,113 @@
+"""The APIs Strom serves and their version ranges (Apache Kafka 4.1's, for every API implemented).
+
+An API is listed here only once a handler implements it: ApiVersions advertises
+exactly this table, so a client never sees an API it cannot use.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cache
+from types import ModuleType
+
+from kio.index import load_payload_module
+from kio.static.constants import EntityType
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
+    INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    TXN_OFFSET_COMMIT = 28
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
+    OFFSET_DELETE = 47
+    DESCRIBE_CLUSTER = 60
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRange:
+    min: int
+    max: int
+
+    def __contains__(self, version: object) -> bool:
+        return isinstance(version, int) and self.min <= version <= self.max
+
+
+# Kafka 4.1's advertised ranges for the APIs Strom implements.
+SUPPORTED_VERSIONS: dict[ApiKey, VersionRange] = {
+    ApiKey.PRODUCE: VersionRange(0, 13),
+    ApiKey.FETCH: VersionRange(4, 18),
+    ApiKey.LIST_OFFSETS: VersionRange(1, 10),
+    ApiKey.METADATA: VersionRange(0, 13),
+    ApiKey.API_VERSIONS: VersionRange(0, 4),
+    ApiKey.CREATE_TOPICS: VersionRange(2, 7),
+    ApiKey.DELETE_TOPICS: VersionRange(1, 6),
+    ApiKey.DELETE_RECORDS: VersionRange(0, 2),
+    ApiKey.INIT_PRODUCER_ID: VersionRange(0, 5),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 4),
+    ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4),
+    ApiKey.ALTER_CONFIGS: VersionRange(0, 2),
+    ApiKey.CREATE_PARTITIONS: VersionRange(0, 3),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: VersionRange(0, 1),
+    ApiKey.DESCRIBE_CLUSTER: VersionRange(0, 2),
+}
+
+# Versions advertised for compatibility but refused before decoding (KIP-896: Kafka 4
+# removed Produce v0-v2, yet older librdkafka needs v0 listed to pick a version at all).
+REJECTED_VERSIONS: dict[ApiKey, VersionRange] = {
+    ApiKey.PRODUCE: VersionRange(0, 2),
+}
+
+
+@cache
+def request_module(api_key: int, version: int) -> ModuleType:
+    """kio's generated module with the request entities of this API version."""
+    return load_payload_module(api_key, version, EntityType.request)
+
+
+@cache
+def response_module(api_key: int, version: int) -> ModuleType:
+    """kio's generated module with the response entities of this API version."""
+    return load_payload_module(api_key, version, EntityType.response)
+
+
+@cache
+def is_flexible(api_key: int, version: int) -> bool:
+    """Flexible versions use compact encodings and tagged fields, and header v2/v1."""
+    module = request_module(api_key, version)
+    for value in vars(module).values():
+        if isinstance(value, type) and getattr(value, "__type__", None) == EntityType.request:
+            return bool(value.__flexible__)
+    raise LookupError(f"no request entity for api {api_key} v{version}")
+
+
+def is_supported(api_key: int, version: int) -> bool:
+    try:
+        return version in SUPPORTED_VERSIONS[ApiKey(api_key)]
+    except ValueError:
+        return False

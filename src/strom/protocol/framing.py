@@ -1,0 +1,114 @@
+"""Kafka framing and request/response headers (sans-I/O: bytes in, bytes out).
+
+A frame is a 4-byte big-endian size followed by that many bytes. Requests start
+with header v1 (api key, version, correlation id, legacy nullable client id) or,
+for flexible versions, header v2 (v1 plus tagged fields). Responses start with
+header v0 (correlation id) or, for flexible versions, v1 (plus tagged fields) --
+except ApiVersions, whose response header is always v0 so that a client can read
+it before it knows which versions the broker speaks.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from kio.serial import entity_reader, entity_writer
+
+from strom.protocol.apis import ApiKey, is_flexible
+
+SIZE = struct.Struct(">i")
+_HEADER_PREFIX = struct.Struct(">hhi")
+_I16 = struct.Struct(">h")
+
+
+class ProtocolError(Exception):
+    """The bytes on a connection are not a valid Kafka request: the connection is closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    flexible: bool
+
+
+def _read_uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ProtocolError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise ProtocolError("varint too long")
+
+
+def skip_tagged_fields(buf: memoryview, pos: int) -> int:
+    count, pos = _read_uvarint(buf, pos)
+    for _ in range(count):
+        _tag, pos = _read_uvarint(buf, pos)
+        size, pos = _read_uvarint(buf, pos)
+        pos += size
+    if pos > len(buf):
+        raise ProtocolError("truncated tagged fields")
+    return pos
+
+
+def peek_api(frame: memoryview) -> tuple[int, int, int]:
+    """(api key, api version, correlation id) of a request frame, without decoding more."""
+    if len(frame) < _HEADER_PREFIX.size:
+        raise ProtocolError("request shorter than its header")
+    api_key, api_version, correlation_id = _HEADER_PREFIX.unpack_from(frame, 0)
+    return api_key, api_version, correlation_id
+
+
+def parse_request_header(frame: memoryview) -> tuple[RequestHeader, int]:
+    """Decode the header of a request for a supported API version; returns it and the body offset."""
+    api_key, api_version, correlation_id = peek_api(frame)
+    pos = _HEADER_PREFIX.size
+    if len(frame) < pos + 2:
+        raise ProtocolError("request header truncated")
+    (length,) = _I16.unpack_from(frame, pos)
+    pos += 2
+    client_id: str | None = None
+    if length >= 0:
+        if pos + length > len(frame):
+            raise ProtocolError("client id truncated")
+        client_id = bytes(frame[pos : pos + length]).decode("utf-8", "replace")
+        pos += length
+    flexible = is_flexible(api_key, api_version)
+    if flexible:
+        pos = skip_tagged_fields(frame, pos)
+    return RequestHeader(api_key, api_version, correlation_id, client_id, flexible), pos
+
+
+def decode_body(entity_type: type[Any], frame: memoryview, offset: int) -> Any:
+    """Decode a request body with kio; bytes after the body are tolerated, as Kafka does."""
+    try:
+        value, _size = entity_reader(entity_type)(frame, offset)
+    except Exception as exc:  # kio raises a variety of errors for malformed input
+        raise ProtocolError(f"malformed {entity_type.__name__}: {exc}") from exc
+    return value
+
+
+def encode_response(header: RequestHeader, body: Any) -> bytes:
+    """A whole response frame: size, response header, body."""
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    buf.write(struct.pack(">i", header.correlation_id))
+    if header.flexible and header.api_key != ApiKey.API_VERSIONS:
+        buf.write(b"\0")  # response header v1: no tagged fields
+    entity_writer(type(body))(buf, body)
+    frame = buf.getbuffer()
+    SIZE.pack_into(frame, 0, len(frame) - 4)
+    del frame
+    return buf.getvalue()

@@ -1,0 +1,33 @@
+"""Building version-specific kio entities from one code path per API.
+
+kio generates a dataclass per API version. Handlers describe a response once, with
+every field any version has; ``build`` keeps the fields the requested version
+defines, so a field added in v7 simply disappears from a v5 response.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from functools import cache
+from typing import Any
+
+ZERO_THROTTLE = datetime.timedelta(0)
+
+
+@cache
+def field_names(entity_type: type[Any]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(entity_type))
+
+
+def build(entity_type: type[Any], /, **values: Any) -> Any:
+    """Instantiate ``entity_type`` from the subset of ``values`` it defines."""
+    names = field_names(entity_type)
+    kwargs = {name: value for name, value in values.items() if name in names}
+    if "throttle_time" in names and "throttle_time" not in kwargs:
+        kwargs["throttle_time"] = ZERO_THROTTLE
+    return entity_type(**kwargs)
+
+
+def has_field(entity_type: type[Any], name: str) -> bool:
+    return name in field_names(entity_type)
