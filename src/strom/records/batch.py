@@ -9,8 +9,8 @@ so rewriting them never requires recomputing the checksum.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import crc32c
 
@@ -46,7 +46,7 @@ NO_SEQUENCE = -1
 NO_PARTITION_LEADER_EPOCH = -1
 NO_TIMESTAMP = -1
 
-_HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_STRUCT = struct.Struct(">qiibIhiqqqhii")
 _Q = struct.Struct(">q")
 _I = struct.Struct(">i")
 _INT64_AT_MAX_TS = struct.Struct(">q")
@@ -140,7 +140,7 @@ def read_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Batch
     """Decode the header at ``position``. Raises InvalidBatchError if it cannot be a v2 batch."""
     if len(buf) - position < HEADER_SIZE:
         raise InvalidBatchError("record batch shorter than its 61-byte header", corrupt=True)
-    fields = _HEADER.unpack_from(buf, position)
+    fields = HEADER_STRUCT.unpack_from(buf, position)
     header = BatchHeader(position, *fields)
     if header.magic != 2:
         raise InvalidBatchError(f"unsupported record batch magic {header.magic}", corrupt=False)

@@ -1,0 +1,132 @@
+"""Batch payload compression for the four codecs of record batch v2, via cramjam.
+
+Wire formats, as Kafka's clients write them:
+
+- gzip (1): a gzip stream (RFC 1952).
+- snappy (2): librdkafka writes raw snappy; the Java client and kafka-python write
+  xerial framing (``\\x82SNAPPY\\x00``, int32 version, int32 compatible version,
+  then [int32 length][raw snappy chunk]...). We read both and write raw snappy, which
+  every client reads (xerial's Java reader falls back to raw snappy without its magic).
+  cramjam's plain ``snappy.compress`` is Google's framing format: Kafka never uses it.
+- lz4 (3): the LZ4 frame format with independent blocks; Kafka's Java reader rejects
+  linked blocks, and cramjam's one-shot ``lz4.compress`` links them.
+- zstd (4): zstd frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import cramjam
+
+from strom.records.batch import CompressionType
+
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+# magic + int32 version + int32 compatible version
+XERIAL_HEADER_SIZE = 16
+_INT32 = struct.Struct(">i")
+
+# Kafka's defaults (KIP-390) for gzip and zstd; lz4 uses lz4's fast mode (librdkafka's
+# default) rather than Kafka's HC level 9, which costs ~20x the CPU for a few percent.
+DEFAULT_LEVELS = {CompressionType.GZIP: 6, CompressionType.LZ4: 0, CompressionType.ZSTD: 3}
+
+BytesLike = bytes | bytearray | memoryview
+
+
+class CompressionError(ValueError):
+    """An unknown codec, or a payload its codec cannot decompress."""
+
+
+def compress(codec: int, data: BytesLike, level: int | None = None) -> bytes:
+    """Compress a batch payload with ``codec`` (a CompressionType value).
+
+    ``level`` applies to gzip, lz4 and zstd; snappy has none. NONE returns the data as bytes.
+    """
+    if codec == CompressionType.NONE:
+        return bytes(data)
+    return bytes(compress_to_buffer(codec, data, level))
+
+
+def decompress(codec: int, data: BytesLike) -> bytes:
+    """Decompress a batch payload written with ``codec``. Raises CompressionError on garbage."""
+    if codec == CompressionType.NONE:
+        return bytes(data)
+    return bytes(decompress_to_buffer(codec, data))
+
+
+def compress_to_buffer(codec: int, data: BytesLike, level: int | None = None) -> Any:
+    """Like compress() but returns cramjam's buffer (buffer protocol), saving a copy."""
+    if level is None:
+        level = DEFAULT_LEVELS.get(codec)
+    try:
+        if codec == CompressionType.GZIP:
+            return cramjam.gzip.compress(data, level=level)
+        if codec == CompressionType.SNAPPY:
+            return cramjam.snappy.compress_raw(data)
+        if codec == CompressionType.LZ4:
+            compressor = cramjam.lz4.Compressor(level=level, content_checksum=False, block_linked=False)
+            # The streaming compressor takes only bytes.
+            compressor.compress(data if isinstance(data, bytes) else bytes(data))
+            return compressor.finish()
+        if codec == CompressionType.ZSTD:
+            return cramjam.zstd.compress(data, level=level)
+    except (cramjam.CompressionError, ValueError, TypeError, OverflowError) as error:
+        raise CompressionError(f"cannot compress with {_name(codec)}: {error}") from error
+    raise CompressionError(f"unknown compression codec {codec}")
+
+
+def decompress_to_buffer(codec: int, data: BytesLike) -> Any:
+    """Like decompress() but returns a buffer-protocol object, saving a copy."""
+    try:
+        if codec == CompressionType.GZIP:
+            return cramjam.gzip.decompress(data)
+        if codec == CompressionType.SNAPPY:
+            if len(data) >= XERIAL_HEADER_SIZE and data[:8] == XERIAL_MAGIC:
+                return _decompress_xerial(memoryview(data))
+            return cramjam.snappy.decompress_raw(data)
+        if codec == CompressionType.LZ4:
+            return cramjam.lz4.decompress(data)
+        if codec == CompressionType.ZSTD:
+            return cramjam.zstd.decompress(data)
+    except (cramjam.DecompressionError, ValueError, TypeError, OverflowError) as error:
+        if isinstance(error, CompressionError):
+            raise
+        raise CompressionError(f"cannot decompress {_name(codec)} payload: {error}") from error
+    raise CompressionError(f"unknown compression codec {codec}")
+
+
+def _decompress_xerial(data: memoryview) -> bytearray:
+    # The version fields are not checked: some producers write them little-endian,
+    # and there has only ever been one xerial block layout.
+    chunks: list[memoryview] = []
+    total = 0
+    position = XERIAL_HEADER_SIZE
+    end = len(data)
+    while position < end:
+        if end - position < 4:
+            raise CompressionError("xerial snappy: truncated chunk length")
+        (length,) = _INT32.unpack_from(data, position)
+        position += 4
+        if length < 0 or length > end - position:
+            raise CompressionError(f"xerial snappy: chunk length {length} runs past the payload")
+        chunk = data[position : position + length]
+        position += length
+        chunks.append(chunk)
+        total += cramjam.snappy.decompress_raw_len(chunk)
+    # Decompress every chunk straight into one buffer.
+    out = bytearray(total)
+    view = memoryview(out)
+    written = 0
+    for chunk in chunks:
+        written += cramjam.snappy.decompress_raw_into(chunk, view[written:])
+    if written != total:
+        raise CompressionError("xerial snappy: chunks decompressed to fewer bytes than they declare")
+    return out
+
+
+def _name(codec: int) -> str:
+    for name, value in CompressionType.NAMES.items():
+        if value == codec:
+            return name
+    return f"codec {codec}"
