@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from brokerproc import BrokerProcess
 
 # Short intervals so that retention, flushes and checkpoints happen within a test's time.
@@ -18,7 +19,9 @@ FAST_BROKER_CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[BrokerProcess]:
     """One broker for the whole module; a module may set BROKER_CONFIG to add overrides."""
     overrides = dict(FAST_BROKER_CONFIG)
     overrides.update(getattr(request.module, "BROKER_CONFIG", {}))

@@ -7,8 +7,6 @@ import struct
 import uuid
 
 import pytest
-from brokerproc import BrokerProcess
-from kafka_wire import KafkaWire
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
 from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsRequestV3
 from kio.schema.errors import ErrorCode
@@ -18,6 +16,8 @@ from kio.schema.metadata.v12 import request as metadata12
 from kio.schema.produce.v9 import request as produce9
 from kio.schema.produce.v13 import request as produce13
 
+from brokerproc import BrokerProcess
+from kafka_wire import KafkaWire
 from strom.protocol.apis import SUPPORTED_VERSIONS, ApiKey
 from strom.records.codec import RecordSpec, decode_batches, encode_batch
 
@@ -114,10 +114,15 @@ def test_responses_come_in_request_order(wire: KafkaWire) -> None:
         else:
             requests.append(
                 produce9.ProduceRequest(
-                    transactional_id=None, acks=1, timeout=TIMEOUT,
-                    topic_data=(produce9.TopicProduceData(
-                        name="ordering",
-                        partition_data=(produce9.PartitionProduceData(index=0, records=batch),)),),
+                    transactional_id=None,
+                    acks=1,
+                    timeout=TIMEOUT,
+                    topic_data=(
+                        produce9.TopicProduceData(
+                            name="ordering",
+                            partition_data=(produce9.PartitionProduceData(index=0, records=batch),),
+                        ),
+                    ),
                 )
             )
     ids = [wire.send(r) for r in requests]  # pipelined: all sent before any answer is read
@@ -133,9 +138,14 @@ def test_acks_zero_gets_no_response(wire: KafkaWire) -> None:
     metadata(wire, "acks0")
     batch = encode_batch([RecordSpec(key=None, value=b"fire-and-forget")])
     request = produce9.ProduceRequest(
-        transactional_id=None, acks=0, timeout=TIMEOUT,
-        topic_data=(produce9.TopicProduceData(
-            name="acks0", partition_data=(produce9.PartitionProduceData(index=0, records=batch),)),),
+        transactional_id=None,
+        acks=0,
+        timeout=TIMEOUT,
+        topic_data=(
+            produce9.TopicProduceData(
+                name="acks0", partition_data=(produce9.PartitionProduceData(index=0, records=batch),)
+            ),
+        ),
     )
     wire.send(request)
     # The next answer on the wire must be the ApiVersions one, not a produce response.
@@ -148,9 +158,14 @@ def test_failed_acks_zero_produce_closes_the_connection(wire: KafkaWire) -> None
     bad = bytearray(encode_batch([RecordSpec(key=None, value=b"x")]))
     bad[-1] ^= 0xFF  # breaks the CRC
     request = produce9.ProduceRequest(
-        transactional_id=None, acks=0, timeout=TIMEOUT,
-        topic_data=(produce9.TopicProduceData(
-            name="acks0-bad", partition_data=(produce9.PartitionProduceData(index=0, records=bytes(bad))),)),),
+        transactional_id=None,
+        acks=0,
+        timeout=TIMEOUT,
+        topic_data=(
+            produce9.TopicProduceData(
+                name="acks0-bad", partition_data=(produce9.PartitionProduceData(index=0, records=bytes(bad)),)
+            ),
+        ),
     )
     wire.send(request)
     assert wire.is_closed_by_peer()
@@ -169,10 +184,15 @@ def test_topic_ids_in_metadata_produce_v13_and_fetch_v13(wire: KafkaWire) -> Non
     batch = encode_batch([RecordSpec(key=b"id", value=b"addressed by topic id")])
     produced = wire.request(
         produce13.ProduceRequest(
-            transactional_id=None, acks=-1, timeout=TIMEOUT,
-            topic_data=(produce13.TopicProduceData(
-                topic_id=topic.topic_id,
-                partition_data=(produce13.PartitionProduceData(index=0, records=batch),)),),
+            transactional_id=None,
+            acks=-1,
+            timeout=TIMEOUT,
+            topic_data=(
+                produce13.TopicProduceData(
+                    topic_id=topic.topic_id,
+                    partition_data=(produce13.PartitionProduceData(index=0, records=batch),),
+                ),
+            ),
         )
     )
     assert produced.responses[0].partition_responses[0].error_code == ErrorCode.none
@@ -185,12 +205,30 @@ def test_topic_ids_in_metadata_produce_v13_and_fetch_v13(wire: KafkaWire) -> Non
 
 def fetch_request(topic_id: uuid.UUID, offset: int) -> object:
     return fetch13.FetchRequest(
-        replica_id=-1, max_wait=datetime.timedelta(milliseconds=10), min_bytes=1, max_bytes=1 << 20,
-        isolation_level=0, session_id=0, session_epoch=-1,
-        topics=(fetch13.FetchTopic(topic_id=topic_id, partitions=(fetch13.FetchPartition(
-            partition=0, current_leader_epoch=-1, fetch_offset=offset, last_fetched_epoch=-1,
-            log_start_offset=-1, partition_max_bytes=1 << 20),)),),
-        forgotten_topics_data=(), rack_id="",
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=10),
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(
+            fetch13.FetchTopic(
+                topic_id=topic_id,
+                partitions=(
+                    fetch13.FetchPartition(
+                        partition=0,
+                        current_leader_epoch=-1,
+                        fetch_offset=offset,
+                        last_fetched_epoch=-1,
+                        log_start_offset=-1,
+                        partition_max_bytes=1 << 20,
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+        rack_id="",
     )
 
 

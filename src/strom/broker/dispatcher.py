@@ -56,8 +56,10 @@ Handler = Callable[[RequestContext, Any], Awaitable[Any | None]]
 def _request_entity(api_key: int, version: int) -> type[Any]:
     module = request_module(api_key, version)
     for value in vars(module).values():
-        if isinstance(value, type) and getattr(value, "__api_key__", None) == api_key and value.__name__.endswith(
-            "Request"
+        if (
+            isinstance(value, type)
+            and getattr(value, "__api_key__", None) == api_key
+            and value.__name__.endswith("Request")
         ):
             return value
     raise LookupError(f"no request entity for api {api_key} v{version}")
@@ -67,7 +69,9 @@ def _unsupported_api_versions_response(correlation_id: int) -> bytes:
     # v0 layout: error_code, then an (empty here) array of api versions: clients only need the
     # error and the ranges; Kafka includes ApiVersions' own range so the client can downgrade.
     lo, hi = SUPPORTED_VERSIONS[ApiKey.API_VERSIONS].min, SUPPORTED_VERSIONS[ApiKey.API_VERSIONS].max
-    body = struct.pack(">ihihhh", correlation_id, ErrorCode.unsupported_version, 1, ApiKey.API_VERSIONS, lo, hi)
+    body = struct.pack(
+        ">ihihhh", correlation_id, ErrorCode.unsupported_version, 1, ApiKey.API_VERSIONS, lo, hi
+    )
     return struct.pack(">i", len(body)) + body
 
 

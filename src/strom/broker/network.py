@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from strom.protocol.framing import SIZE
 
@@ -29,7 +30,9 @@ RequestHandler = Callable[["KafkaConnection", memoryview], Awaitable[bytes | Non
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, handle: RequestHandler, max_request_size: int, connections: set[KafkaConnection]) -> None:
+    def __init__(
+        self, handle: RequestHandler, max_request_size: int, connections: set[KafkaConnection]
+    ) -> None:
         self._handle = handle
         self._max_request_size = max_request_size
         self._connections = connections
@@ -46,8 +49,8 @@ class KafkaConnection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._connections.add(self)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from strom.broker.cluster.metadata import TopicState
 from strom.broker.partition import NotEnoughReplicasError, Partition, TopicPartition
 from strom.protocol.errors import ErrorCode
-from strom.storage import FetchDataInfo, LogConfig, LogManager, StorageError
+from strom.storage import LogConfig, LogManager, StorageError
 
 log = logging.getLogger(__name__)
 

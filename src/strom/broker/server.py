@@ -96,7 +96,9 @@ class BrokerServer:
         self._tasks = [
             loop.create_task(self._every(self.config.log_retention_check_interval_ms, self._retention)),
             loop.create_task(self._every(self.config.log_flush_scheduler_interval_ms, self._flush)),
-            loop.create_task(self._every(self.config.log_flush_offset_checkpoint_interval_ms, self._checkpoint)),
+            loop.create_task(
+                self._every(self.config.log_flush_offset_checkpoint_interval_ms, self._checkpoint)
+            ),
         ]
         log.info(
             "broker started",

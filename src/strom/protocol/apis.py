@@ -87,13 +87,15 @@ REJECTED_VERSIONS: dict[ApiKey, VersionRange] = {
 @cache
 def request_module(api_key: int, version: int) -> ModuleType:
     """kio's generated module with the request entities of this API version."""
-    return load_payload_module(api_key, version, EntityType.request)
+    module: ModuleType = load_payload_module(api_key, version, EntityType.request)
+    return module
 
 
 @cache
 def response_module(api_key: int, version: int) -> ModuleType:
     """kio's generated module with the response entities of this API version."""
-    return load_payload_module(api_key, version, EntityType.response)
+    module: ModuleType = load_payload_module(api_key, version, EntityType.response)
+    return module
 
 
 @cache

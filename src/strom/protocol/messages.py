@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from functools import cache
 from typing import Any
 
 ZERO_THROTTLE = datetime.timedelta(0)
 
 
-@cache
+_FIELD_NAMES: dict[type[Any], frozenset[str]] = {}
+
+
 def field_names(entity_type: type[Any]) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(entity_type))
+    names = _FIELD_NAMES.get(entity_type)
+    if names is None:
+        names = _FIELD_NAMES[entity_type] = frozenset(f.name for f in dataclasses.fields(entity_type))
+    return names
 
 
 def build(entity_type: type[Any], /, **values: Any) -> Any:

@@ -41,14 +41,14 @@ def validate_topic_name(name: str) -> None:
     if not name:
         raise InvalidTopicError("Topic name is illegal, it can't be empty")
     if name in (".", ".."):
-        raise InvalidTopicError("Topic name cannot be \".\" or \"..\"")
+        raise InvalidTopicError('Topic name cannot be "." or ".."')
     if len(name) > MAX_TOPIC_NAME_LENGTH:
         raise InvalidTopicError(
             f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME_LENGTH} characters"
         )
     if not _LEGAL_TOPIC.match(name):
         raise InvalidTopicError(
-            f"Topic name \"{name}\" is illegal, it contains a character other than "
+            f'Topic name "{name}" is illegal, it contains a character other than '
             "ASCII alphanumerics, '.', '_' and '-'"
         )
 
@@ -85,7 +85,9 @@ class LocalControlPlane:
             for topic in data.get("topics", []):
                 self.image.put(TopicState.from_json(topic))
             self._next_producer_id_block = int(data.get("next_producer_id_block", 0))
-        log.info("control plane loaded", extra={"topics": len(self.image.topics()), "cluster_id": self.cluster_id})
+        log.info(
+            "control plane loaded", extra={"topics": len(self.image.topics()), "cluster_id": self.cluster_id}
+        )
 
     def _load_or_create_meta_properties(self) -> str:
         """Each log dir records the cluster and node it belongs to, as Kafka's meta.properties does."""

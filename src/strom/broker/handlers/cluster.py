@@ -18,13 +18,34 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
     endpoint_type = getattr(request, "endpoint_type", BROKERS_ENDPOINT_TYPE)
     if endpoint_type != BROKERS_ENDPOINT_TYPE:
         # Strom has no KRaft controllers to describe.
-        return build(r.DescribeClusterResponse, error_code=ErrorCode.unsupported_endpoint_type,
-                     error_message="Strom has no controller endpoints", endpoint_type=endpoint_type,
-                     cluster_id=broker.cluster_id, controller_id=-1, brokers=(),
-                     cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED)
+        return build(
+            r.DescribeClusterResponse,
+            error_code=ErrorCode.unsupported_endpoint_type,
+            error_message="Strom has no controller endpoints",
+            endpoint_type=endpoint_type,
+            cluster_id=broker.cluster_id,
+            controller_id=-1,
+            brokers=(),
+            cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+        )
     host, port = broker.advertised_endpoint()
-    brokers = (build(r.DescribeClusterBroker, broker_id=broker.node_id, host=host, port=port, rack=None,
-                     is_fenced=False),)
-    return build(r.DescribeClusterResponse, error_code=ErrorCode.none, error_message=None,
-                 endpoint_type=endpoint_type, cluster_id=broker.cluster_id, controller_id=broker.node_id,
-                 brokers=brokers, cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED)
+    brokers = (
+        build(
+            r.DescribeClusterBroker,
+            broker_id=broker.node_id,
+            host=host,
+            port=port,
+            rack=None,
+            is_fenced=False,
+        ),
+    )
+    return build(
+        r.DescribeClusterResponse,
+        error_code=ErrorCode.none,
+        error_message=None,
+        endpoint_type=endpoint_type,
+        cluster_id=broker.cluster_id,
+        controller_id=broker.node_id,
+        brokers=brokers,
+        cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+    )

@@ -50,8 +50,14 @@ def _describe_resource(ctx: RequestContext, resource: Any, include_synonyms: boo
                 ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}"
             )
     except ConfigRequestError as exc:
-        return build(r.DescribeConfigsResult, error_code=exc.error, error_message=str(exc),
-                     resource_type=resource.resource_type, resource_name=resource.resource_name, configs=())
+        return build(
+            r.DescribeConfigsResult,
+            error_code=exc.error,
+            error_message=str(exc),
+            resource_type=resource.resource_type,
+            resource_name=resource.resource_name,
+            configs=(),
+        )
     keys = set(resource.configuration_keys) if resource.configuration_keys is not None else None
     configs = tuple(
         build(
@@ -63,7 +69,8 @@ def _describe_resource(ctx: RequestContext, resource: Any, include_synonyms: boo
             is_default=e.source == 5,
             is_sensitive=e.is_sensitive,
             synonyms=tuple(
-                build(r.DescribeConfigsSynonym, name=s.name, value=s.value, source=s.source) for s in e.synonyms
+                build(r.DescribeConfigsSynonym, name=s.name, value=s.value, source=s.source)
+                for s in e.synonyms
             )
             if include_synonyms
             else (),
@@ -73,8 +80,14 @@ def _describe_resource(ctx: RequestContext, resource: Any, include_synonyms: boo
         for e in entries
         if keys is None or e.name in keys
     )
-    return build(r.DescribeConfigsResult, error_code=ErrorCode.none, error_message=None,
-                 resource_type=resource.resource_type, resource_name=resource.resource_name, configs=configs)
+    return build(
+        r.DescribeConfigsResult,
+        error_code=ErrorCode.none,
+        error_message=None,
+        resource_type=resource.resource_type,
+        resource_name=resource.resource_name,
+        configs=configs,
+    )
 
 
 async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
@@ -84,7 +97,9 @@ async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
     return build(ctx.response.DescribeConfigsResponse, results=results)
 
 
-def _apply_topic_configs(ctx: RequestContext, name: str, configs: Mapping[str, str], validate_only: bool) -> None:
+def _apply_topic_configs(
+    ctx: RequestContext, name: str, configs: Mapping[str, str], validate_only: bool
+) -> None:
     broker = ctx.broker
     if broker.control_plane.image.topic(name) is None:
         raise ConfigRequestError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist")
@@ -103,12 +118,19 @@ def _refuse_broker(ctx: RequestContext, resource: Any) -> None:
             "Strom's broker configs are static: set them in server.properties or with --override",
         )
     if resource.resource_type != TOPIC:
-        raise ConfigRequestError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}")
+        raise ConfigRequestError(
+            ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}"
+        )
 
 
 def _alter_response(ctx: RequestContext, resource: Any, error: ErrorCode, message: str | None) -> Any:
-    return build(ctx.response.AlterConfigsResourceResponse, error_code=error, error_message=message,
-                 resource_type=resource.resource_type, resource_name=resource.resource_name)
+    return build(
+        ctx.response.AlterConfigsResourceResponse,
+        error_code=error,
+        error_message=message,
+        resource_type=resource.resource_type,
+        resource_name=resource.resource_name,
+    )
 
 
 async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:

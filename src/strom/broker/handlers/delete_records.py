@@ -28,8 +28,12 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
                 except StorageError as exc:
                     error = error_code_of(exc)
             partitions.append(
-                build(r.DeleteRecordsPartitionResult, partition_index=p.partition_index,
-                      low_watermark=low_watermark, error_code=error)
+                build(
+                    r.DeleteRecordsPartitionResult,
+                    partition_index=p.partition_index,
+                    low_watermark=low_watermark,
+                    error_code=error,
+                )
             )
         topics.append(build(r.DeleteRecordsTopicResult, name=topic.name, partitions=tuple(partitions)))
     return build(r.DeleteRecordsResponse, topics=tuple(topics))

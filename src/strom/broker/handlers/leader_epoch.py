@@ -22,15 +22,24 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
             if partition is None:
                 error = ErrorCode.unknown_topic_or_partition
             elif current >= 0 and current != partition.leader_epoch:
-                error = ErrorCode.fenced_leader_epoch if current < partition.leader_epoch else ErrorCode.unknown_leader_epoch
+                error = (
+                    ErrorCode.fenced_leader_epoch
+                    if current < partition.leader_epoch
+                    else ErrorCode.unknown_leader_epoch
+                )
             else:
                 epoch, end_offset = partition.log.leader_epoch_cache.end_offset_for(p.leader_epoch)
                 if epoch == partition.leader_epoch:
                     # The current epoch ends where the log does; consumers may only see up to the HW.
                     end_offset = partition.log_end_offset
             partitions.append(
-                build(r.EpochEndOffset, error_code=error, partition=p.partition, leader_epoch=epoch,
-                      end_offset=end_offset)
+                build(
+                    r.EpochEndOffset,
+                    error_code=error,
+                    partition=p.partition,
+                    leader_epoch=epoch,
+                    end_offset=end_offset,
+                )
             )
         topics.append(build(r.OffsetForLeaderTopicResult, topic=topic.topic, partitions=tuple(partitions)))
     return build(r.OffsetForLeaderEpochResponse, topics=tuple(topics))

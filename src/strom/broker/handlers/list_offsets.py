@@ -38,8 +38,8 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                 )
             elif p.timestamp == LATEST_TIMESTAMP:
                 offset = partition.last_stable_offset if read_committed else partition.high_watermark
-                epoch = partition.log.leader_epoch_cache.epoch_for_offset(offset) if offset > 0 else None
-                epoch = partition.leader_epoch if epoch is None else epoch
+                latest = partition.log.leader_epoch_cache.latest_epoch
+                epoch = partition.leader_epoch if latest is None else latest
             elif p.timestamp == LATEST_TIERED_TIMESTAMP:
                 # No tiered storage: nothing has been tiered.
                 pass

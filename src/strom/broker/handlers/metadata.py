@@ -64,7 +64,9 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     image = broker.control_plane.image
     # v0 asks for all topics with an empty list; v1+ with null.
     all_topics = request.topics is None or (ctx.version == 0 and not request.topics)
-    allow_auto_create = getattr(request, "allow_auto_topic_creation", True) and broker.config.auto_create_topics_enable
+    allow_auto_create = (
+        getattr(request, "allow_auto_topic_creation", True) and broker.config.auto_create_topics_enable
+    )
     topics: list[Any] = []
     if all_topics:
         topics = [_topic_entity(ctx, t) for t in image.topics()]

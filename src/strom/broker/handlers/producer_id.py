@@ -30,8 +30,12 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
     epoch = getattr(request, "producer_epoch", -1)
     if producer_id != NO_PRODUCER_ID and 0 <= epoch < MAX_EPOCH - 1:
         # KIP-360: an idempotent producer bumps its own epoch to reset its sequences.
-        return build(r.InitProducerIdResponse, error_code=ErrorCode.none, producer_id=producer_id,
-                     producer_epoch=epoch + 1)
+        return build(
+            r.InitProducerIdResponse,
+            error_code=ErrorCode.none,
+            producer_id=producer_id,
+            producer_epoch=epoch + 1,
+        )
     return build(
         r.InitProducerIdResponse,
         error_code=ErrorCode.none,

@@ -21,10 +21,14 @@ class TopicRequestError(Exception):
         self.error = error
 
 
-def _check_assignments(ctx: RequestContext, assignments: list[tuple[int, ...]], replication_factor: int) -> None:
+def _check_assignments(
+    ctx: RequestContext, assignments: list[tuple[int, ...]], replication_factor: int
+) -> None:
     for broker_ids in assignments:
-        if not broker_ids or any(b != ctx.broker.node_id for b in broker_ids) or len(set(broker_ids)) != len(
-            broker_ids
+        if (
+            not broker_ids
+            or any(b != ctx.broker.node_id for b in broker_ids)
+            or len(set(broker_ids)) != len(broker_ids)
         ):
             raise TopicRequestError(
                 ErrorCode.invalid_replica_assignment,
@@ -46,7 +50,9 @@ def _check_replication_factor(replication_factor: int) -> None:
             f"of {replication_factor} cannot be reached because only 1 broker(s) are registered.",
         )
     if replication_factor == 0 or replication_factor < -1:
-        raise TopicRequestError(ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0.")
+        raise TopicRequestError(
+            ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0."
+        )
 
 
 async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
@@ -66,7 +72,9 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
             except InvalidTopicError as exc:
                 raise TopicRequestError(ErrorCode.invalid_topic_exception, str(exc)) from exc
             if topic.name in broker.control_plane.image:
-                raise TopicRequestError(ErrorCode.topic_already_exists, f"Topic '{topic.name}' already exists.")
+                raise TopicRequestError(
+                    ErrorCode.topic_already_exists, f"Topic '{topic.name}' already exists."
+                )
             assignments = [tuple(a.broker_ids) for a in topic.assignments]
             if assignments:
                 if num_partitions != -1 or replication_factor != -1:
@@ -82,7 +90,9 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
             if replication_factor == -1:
                 replication_factor = broker.config.default_replication_factor
             if num_partitions <= 0:
-                raise TopicRequestError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.")
+                raise TopicRequestError(
+                    ErrorCode.invalid_partitions, "Number of partitions must be larger than 0."
+                )
             _check_replication_factor(replication_factor)
             try:
                 LogConfig.from_props(configs, broker.config.log_config_defaults())
@@ -93,19 +103,40 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                 topic_id = broker.create_topic(topic.name, num_partitions, configs).topic_id
         except TopicRequestError as exc:
             results.append(
-                build(r.CreatableTopicResult, name=topic.name, topic_id=ZERO_UUID, error_code=exc.error,
-                      error_message=str(exc), num_partitions=-1, replication_factor=-1, configs=None)
+                build(
+                    r.CreatableTopicResult,
+                    name=topic.name,
+                    topic_id=ZERO_UUID,
+                    error_code=exc.error,
+                    error_message=str(exc),
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    configs=None,
+                )
             )
             continue
         described = tuple(
-            build(r.CreatableTopicConfigs, name=e.name, value=e.value, read_only=e.read_only,
-                  config_source=e.source, is_sensitive=e.is_sensitive)
+            build(
+                r.CreatableTopicConfigs,
+                name=e.name,
+                value=e.value,
+                read_only=e.read_only,
+                config_source=e.source,
+                is_sensitive=e.is_sensitive,
+            )
             for e in describe_topic_config(configs, broker.config.log_config_defaults())
         )
         results.append(
-            build(r.CreatableTopicResult, name=topic.name, topic_id=topic_id, error_code=ErrorCode.none,
-                  error_message=None, num_partitions=num_partitions, replication_factor=replication_factor,
-                  configs=described)
+            build(
+                r.CreatableTopicResult,
+                name=topic.name,
+                topic_id=topic_id,
+                error_code=ErrorCode.none,
+                error_message=None,
+                num_partitions=num_partitions,
+                replication_factor=replication_factor,
+                configs=described,
+            )
         )
     return build(r.CreateTopicsResponse, topics=tuple(results))
 
@@ -124,14 +155,21 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
         topic = image.topic_by_id(topic_id) if topic_id is not None else image.topic(name or "")
         error, message = ErrorCode.none, None
         if topic is None:
-            error = ErrorCode.unknown_topic_id if topic_id is not None else ErrorCode.unknown_topic_or_partition
+            error = (
+                ErrorCode.unknown_topic_id if topic_id is not None else ErrorCode.unknown_topic_or_partition
+            )
         elif not broker.config.delete_topic_enable:
             error, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
         else:
             broker.delete_topic(topic.name)
         results.append(
-            build(r.DeletableTopicResult, name=topic.name if topic else name, topic_id=topic_id or ZERO_UUID,
-                  error_code=error, error_message=message)
+            build(
+                r.DeletableTopicResult,
+                name=topic.name if topic else name,
+                topic_id=topic_id or ZERO_UUID,
+                error_code=error,
+                error_message=message,
+            )
         )
     return build(r.DeleteTopicsResponse, responses=tuple(results))
 
@@ -158,7 +196,9 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
                     f"Topic currently has {existing} partitions, which is higher than the requested {topic.count}.",
                 )
             if topic.count == existing:
-                raise TopicRequestError(ErrorCode.invalid_partitions, f"Topic already has {existing} partitions.")
+                raise TopicRequestError(
+                    ErrorCode.invalid_partitions, f"Topic already has {existing} partitions."
+                )
             if topic.assignments is not None:
                 if len(topic.assignments) != topic.count - existing:
                     raise TopicRequestError(
@@ -166,10 +206,14 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
                         f"Increasing the number of partitions by {topic.count - existing} but "
                         f"{len(topic.assignments)} assignments provided.",
                     )
-                _check_assignments(ctx, [tuple(a.broker_ids) for a in topic.assignments], len(current.partitions[0].replicas))
+                _check_assignments(
+                    ctx, [tuple(a.broker_ids) for a in topic.assignments], len(current.partitions[0].replicas)
+                )
             if not request.validate_only:
                 broker.create_partitions(topic.name, topic.count)
         except TopicRequestError as exc:
             error, message = exc.error, str(exc)
-        results.append(build(r.CreatePartitionsTopicResult, name=topic.name, error_code=error, error_message=message))
+        results.append(
+            build(r.CreatePartitionsTopicResult, name=topic.name, error_code=error, error_message=message)
+        )
     return build(r.CreatePartitionsResponse, results=tuple(results))

@@ -1,0 +1,835 @@
+"""The broker's configuration: Kafka's server.properties keys, defaults and validation.
+
+Configuration comes from a Java .properties file (``load_properties``) and ``--override key=value``
+pairs; overrides win. Keys fall in three groups:
+
+* keys Strom implements, with Kafka 4.1's names, types, defaults and validation (a few defaults differ
+  because Strom is a single node: see docs/CONFIGURATION.md);
+* keys Kafka knows that Strom accepts without acting on them (thread counts, the KRaft inter-broker
+  listener, ...): they are validated like Kafka does and otherwise ignored;
+* unknown keys (including KRaft's process.roles and controller.quorum.*): one warning each, ignored.
+
+An invalid value of a known key raises ConfigError with a one-line message in Kafka's words.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from strom.storage.log_config import (
+    BROKER_SYNONYMS,
+    CONFIG_TYPE_UNKNOWN,
+    INT_MAX,
+    ConfigEntry,
+    ConfigSource,
+    ConfigSynonym,
+    ConfigType,
+    InvalidConfigError,
+    LogConfig,
+    OneOf,
+    Range,
+    Validator,
+    Value,
+    parse_value,
+    render_value,
+)
+
+log = logging.getLogger(__name__)
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SUPPORTED_SECURITY_PROTOCOLS = ("PLAINTEXT",)
+DEFAULT_SECURITY_PROTOCOL_MAP = ",".join(f"{p}:{p}" for p in SECURITY_PROTOCOLS)
+
+
+class ConfigError(InvalidConfigError):
+    """An invalid broker configuration; str() is one line naming the key and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """One entry of ``listeners``/``advertised.listeners``; an empty host means all interfaces."""
+
+    name: str
+    host: str
+    port: int
+    security_protocol: str
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.name}://{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfigDef:
+    """A broker config key. ``default`` is the value as Kafka renders it (None: no default).
+
+    ``dynamic``: Kafka can change it at runtime, so DescribeConfigs reports read_only=false.
+    ``effect``: Strom acts on it; keys with effect=False are accepted for compatibility only.
+    """
+
+    name: str
+    type: ConfigType
+    default: str | None
+    validator: Validator | None
+    doc: str
+    dynamic: bool = False
+    effect: bool = True
+
+
+T = ConfigType
+
+
+def _key(
+    name: str,
+    type_: ConfigType,
+    default: Value,
+    validator: Validator | None,
+    doc: str,
+    *,
+    dynamic: bool = False,
+    effect: bool = True,
+) -> BrokerConfigDef:
+    return BrokerConfigDef(name, type_, render_value(default, type_), validator, doc, dynamic, effect)
+
+
+# Keys Strom implements (besides the topic-default keys below, derived from the topic config table).
+_IMPLEMENTED = (
+    _key("broker.id", T.INT, -1, Range(-1), "The broker's id; a synonym of node.id (-1: unset)."),
+    _key(
+        "node.id",
+        T.INT,
+        -1,
+        Range(-1),
+        "The node's id; Strom uses 0 when neither node.id nor broker.id is set.",
+    ),
+    _key(
+        "listeners",
+        T.STRING,
+        "PLAINTEXT://:9092",
+        None,
+        "Comma-separated NAME://host:port listeners; an empty host binds all interfaces.",
+        dynamic=True,
+    ),
+    _key(
+        "advertised.listeners",
+        T.STRING,
+        None,
+        None,
+        "The listeners given to clients in metadata, if different from listeners.",
+        dynamic=True,
+    ),
+    _key(
+        "listener.security.protocol.map",
+        T.STRING,
+        DEFAULT_SECURITY_PROTOCOL_MAP,
+        None,
+        "Listener name to security protocol (NAME:PROTOCOL,...).",
+        dynamic=True,
+    ),
+    _key(
+        "controller.listener.names",
+        T.STRING,
+        None,
+        None,
+        "Names of KRaft controller listeners; Strom has no controller and does not serve them.",
+    ),
+    _key("log.dirs", T.STRING, None, None, "Comma-separated data directories; log.dir is used if unset."),
+    _key("log.dir", T.STRING, "/tmp/kafka-logs", None, "The data directory when log.dirs is not set."),
+    _key("num.partitions", T.INT, 1, Range(1), "Partitions of a topic created without a partition count."),
+    _key("default.replication.factor", T.INT, 1, None, "Replication factor of topics created without one."),
+    _key(
+        "auto.create.topics.enable",
+        T.BOOLEAN,
+        True,
+        None,
+        "Create a topic when a client asks for its metadata and the topic does not exist.",
+    ),
+    _key("delete.topic.enable", T.BOOLEAN, True, None, "Allow DeleteTopics."),
+    _key(
+        "log.retention.check.interval.ms",
+        T.LONG,
+        300000,
+        Range(1),
+        "How often the broker checks logs for segments to delete by retention.",
+    ),
+    _key(
+        "log.flush.offset.checkpoint.interval.ms",
+        T.INT,
+        60000,
+        Range(0),
+        "How often the recovery point of each log is written to disk.",
+    ),
+    _key("socket.request.max.bytes", T.INT, 100 * 1024 * 1024, Range(1), "The largest request accepted."),
+    _key(
+        "socket.send.buffer.bytes", T.INT, 100 * 1024, None, "SO_SNDBUF of client sockets (-1: OS default)."
+    ),
+    _key(
+        "socket.receive.buffer.bytes",
+        T.INT,
+        100 * 1024,
+        None,
+        "SO_RCVBUF of client sockets (-1: OS default).",
+    ),
+    _key("connections.max.idle.ms", T.LONG, 600000, None, "Close connections idle this long."),
+    # Single node: one replica is all the internal topics can have (Kafka's defaults are 3, 3 and 2).
+    _key(
+        "offsets.topic.replication.factor",
+        T.SHORT,
+        1,
+        Range(1),
+        "Replication factor of __consumer_offsets (Kafka's default: 3).",
+    ),
+    _key("offsets.topic.num.partitions", T.INT, 50, Range(1), "Partitions of __consumer_offsets."),
+    _key(
+        "transaction.state.log.replication.factor",
+        T.SHORT,
+        1,
+        Range(1),
+        "Replication factor of __transaction_state (Kafka's default: 3).",
+    ),
+    _key(
+        "transaction.state.log.min.isr",
+        T.INT,
+        1,
+        Range(1),
+        "min.insync.replicas of __transaction_state (Kafka's default: 2).",
+    ),
+    _key(
+        "group.initial.rebalance.delay.ms",
+        T.INT,
+        3000,
+        None,
+        "How long a new classic group waits for more members before its first rebalance.",
+    ),
+    _key("group.min.session.timeout.ms", T.INT, 6000, None, "The smallest session timeout a member may use."),
+    _key(
+        "group.max.session.timeout.ms", T.INT, 1800000, None, "The largest session timeout a member may use."
+    ),
+    _key("group.max.size", T.INT, INT_MAX, Range(1), "The most members a classic group may have."),
+    _key(
+        "offsets.retention.minutes",
+        T.INT,
+        7 * 24 * 60,
+        Range(1),
+        "How long committed offsets of an empty group are kept.",
+    ),
+    _key(
+        "num.recovery.threads.per.data.dir",
+        T.INT,
+        2,
+        Range(1),
+        "Threads per data directory for log recovery at startup.",
+        dynamic=True,
+    ),
+)
+
+
+# Keys of a stock Kafka server.properties (and their neighbours) that Strom accepts but does not act on.
+def _accepted(
+    name: str,
+    type_: ConfigType,
+    default: Value,
+    validator: Validator | None,
+    doc: str,
+    *,
+    dynamic: bool = False,
+) -> BrokerConfigDef:
+    return _key(name, type_, default, validator, doc, dynamic=dynamic, effect=False)
+
+
+_ACCEPTED = (
+    _accepted(
+        "num.network.threads",
+        T.INT,
+        3,
+        Range(1),
+        "Network threads (Strom runs one event loop).",
+        dynamic=True,
+    ),
+    _accepted(
+        "num.io.threads",
+        T.INT,
+        8,
+        Range(1),
+        "Request handler threads (Strom runs one event loop).",
+        dynamic=True,
+    ),
+    _accepted("background.threads", T.INT, 10, Range(1), "Background task threads.", dynamic=True),
+    _accepted("queued.max.requests", T.INT, 500, Range(1), "Requests queued before network threads block."),
+    _accepted(
+        "num.replica.fetchers",
+        T.INT,
+        1,
+        None,
+        "Replica fetcher threads (a single node fetches nothing).",
+        dynamic=True,
+    ),
+    _accepted(
+        "inter.broker.listener.name", T.STRING, None, None, "The listener brokers use among themselves."
+    ),
+    _accepted(
+        "security.inter.broker.protocol",
+        T.STRING,
+        "PLAINTEXT",
+        OneOf(SECURITY_PROTOCOLS),
+        "The security protocol brokers use among themselves.",
+    ),
+    _accepted(
+        "replica.lag.time.max.ms", T.LONG, 30000, None, "How long a follower may lag before leaving the ISR."
+    ),
+    _accepted(
+        "share.coordinator.state.topic.replication.factor",
+        T.SHORT,
+        3,
+        Range(1),
+        "Replication factor of the share-group state topic (share groups are not implemented).",
+    ),
+    _accepted(
+        "share.coordinator.state.topic.min.isr",
+        T.SHORT,
+        2,
+        Range(1),
+        "min.insync.replicas of the share-group state topic.",
+    ),
+    _accepted("log.cleaner.enable", T.BOOLEAN, True, None, "Run the log cleaner."),
+    _accepted("log.cleaner.threads", T.INT, 1, Range(0), "Log cleaner threads.", dynamic=True),
+    _accepted(
+        "log.flush.start.offset.checkpoint.interval.ms",
+        T.INT,
+        60000,
+        Range(0),
+        "How often log start offsets are written to disk.",
+    ),
+    _accepted("socket.listen.backlog.size", T.INT, 50, Range(1), "The listen backlog of server sockets."),
+    _accepted(
+        "max.connections", T.INT, INT_MAX, Range(0), "The most connections the broker accepts.", dynamic=True
+    ),
+    _accepted(
+        "max.connections.per.ip",
+        T.INT,
+        INT_MAX,
+        Range(0),
+        "The most connections from one address.",
+        dynamic=True,
+    ),
+    _accepted("request.timeout.ms", T.INT, 30000, None, "Timeout of the broker's own requests."),
+    _accepted(
+        "auto.leader.rebalance.enable", T.BOOLEAN, True, None, "Move leadership back to preferred replicas."
+    ),
+    _accepted(
+        "controlled.shutdown.enable", T.BOOLEAN, True, None, "Move leadership away before shutting down."
+    ),
+    _accepted("broker.rack", T.STRING, None, None, "The broker's rack."),
+    _accepted(
+        "offsets.topic.segment.bytes",
+        T.INT,
+        100 * 1024 * 1024,
+        Range(1),
+        "segment.bytes of __consumer_offsets.",
+    ),
+    _accepted(
+        "offsets.retention.check.interval.ms",
+        T.LONG,
+        600000,
+        Range(1),
+        "How often expired offsets are looked for.",
+    ),
+    _accepted(
+        "offset.metadata.max.bytes", T.INT, 4096, None, "The largest metadata string of a committed offset."
+    ),
+    _accepted(
+        "transaction.state.log.num.partitions", T.INT, 50, Range(1), "Partitions of __transaction_state."
+    ),
+    _accepted(
+        "transaction.state.log.segment.bytes",
+        T.INT,
+        100 * 1024 * 1024,
+        Range(1),
+        "segment.bytes of __transaction_state.",
+    ),
+    _accepted(
+        "transactional.id.expiration.ms",
+        T.INT,
+        7 * 24 * 3_600_000,
+        Range(1),
+        "How long an idle transactional id is kept.",
+    ),
+    _accepted(
+        "transaction.max.timeout.ms", T.INT, 900000, Range(1), "The largest transaction timeout allowed."
+    ),
+    _accepted(
+        "producer.id.expiration.ms",
+        T.INT,
+        86400000,
+        Range(1),
+        "How long an idle producer id's state is kept.",
+        dynamic=True,
+    ),
+    _accepted(
+        "fetch.max.bytes", T.INT, 55 * 1024 * 1024, Range(1024), "The most bytes one fetch response returns."
+    ),
+)
+
+
+def _topic_default_keys() -> tuple[BrokerConfigDef, ...]:
+    keys = []
+    for name, (topic, synonym) in BROKER_SYNONYMS.items():
+        doc = f"Broker default of the topic config {topic.name}: {topic.doc}"
+        # Tiered storage is not implemented; the local retention defaults only feed topic configs.
+        effect = not name.startswith("log.local.")
+        keys.append(
+            BrokerConfigDef(
+                name, synonym.type, synonym.default, synonym.validator, doc, synonym.dynamic, effect
+            )
+        )
+    return tuple(keys)
+
+
+BROKER_CONFIGS: Mapping[str, BrokerConfigDef] = {
+    d.name: d for d in sorted(_IMPLEMENTED + _ACCEPTED + _topic_default_keys(), key=lambda d: d.name)
+}
+
+# Broker keys that are synonyms of each other, in precedence order (log.retention.ms > .minutes > .hours).
+_SYNONYM_GROUPS: Mapping[str, tuple[str, ...]] = {
+    s.name: tuple(x.name for x in topic.synonyms) for topic, s in BROKER_SYNONYMS.values()
+}
+
+
+# --- Java .properties ---
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+_WHITESPACE = " \t\f"
+
+
+def _unescape(text: str, where: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c != "\\" or i + 1 == len(text):
+            # A trailing lone backslash (end of file) is dropped, as Java does.
+            out.append(c if c != "\\" else "")
+            i += 1
+            continue
+        e = text[i + 1]
+        if e == "u":
+            digits = text[i + 2 : i + 6]
+            if len(digits) != 4 or not all(d in "0123456789abcdefABCDEF" for d in digits):
+                raise ConfigError(f"Malformed \\uxxxx encoding in {where}")
+            out.append(chr(int(digits, 16)))
+            i += 6
+        else:
+            out.append(_ESCAPES.get(e, e))
+            i += 2
+    return "".join(out)
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """Join continued natural lines; drop blank and comment lines. Yields (first line number, text)."""
+    lines = re.split(r"\r\n|\r|\n", text)
+    result = []
+    i = 0
+    while i < len(lines):
+        number, line = i + 1, lines[i].lstrip(_WHITESPACE)
+        i += 1
+        if not line or line[0] in "#!":
+            continue  # comment lines never continue, even when they end in a backslash
+        while (len(line) - len(line.rstrip("\\"))) % 2 == 1 and i < len(lines):
+            line = line[:-1] + lines[i].lstrip(_WHITESPACE)
+            i += 1
+        result.append((number, line))
+    return result
+
+
+def parse_properties(text: str, source: str = "<properties>") -> dict[str, str]:
+    """Parse Java .properties text: '#'/'!' comments, '=', ':' or whitespace between key and value,
+    backslash line continuation and escapes (\\t \\n \\r \\f \\uXXXX, \\x for any other x). Later keys win."""
+    props: dict[str, str] = {}
+    for number, line in _logical_lines(text):
+        key_end = 0
+        while key_end < len(line):
+            c = line[key_end]
+            if c == "\\":
+                key_end += 2
+                continue
+            if c in "=:" or c in _WHITESPACE:
+                break
+            key_end += 1
+        rest = line[key_end:].lstrip(_WHITESPACE)
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:].lstrip(_WHITESPACE)
+        where = f"{source} line {number}"
+        props[_unescape(line[:key_end], where)] = _unescape(rest, where)
+    return props
+
+
+def load_properties(path: str | Path) -> dict[str, str]:
+    """Read a server.properties file. Kafka reads ISO-8859-1; Strom reads UTF-8 and falls back to it."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("iso-8859-1")
+    return parse_properties(text, str(path))
+
+
+# --- listeners ---
+
+_LISTENER = re.compile(r"(.*)://\[?([0-9a-zA-Z\-%._:]*)\]?:(-?[0-9]+)")
+
+
+def _invalid(name: str, value: str, reason: str) -> ConfigError:
+    return ConfigError(f"Invalid value {value} for configuration {name}: {reason}")
+
+
+def _csv(text: str) -> list[str]:
+    return [item for item in re.split(r"\s*,\s*", text.strip()) if item]
+
+
+def parse_security_protocol_map(text: str) -> dict[str, str]:
+    key = "listener.security.protocol.map"
+    result: dict[str, str] = {}
+    for entry in _csv(text):
+        name, sep, protocol = entry.partition(":")
+        if not sep or not name.strip() or ":" in protocol:
+            raise _invalid(
+                key, text, f"Map entry '{entry}' is not of the form LISTENER_NAME:SECURITY_PROTOCOL"
+            )
+        protocol = protocol.strip().upper()
+        if protocol not in SECURITY_PROTOCOLS:
+            raise _invalid(
+                key, text, f"Unknown security protocol {protocol} (one of {', '.join(SECURITY_PROTOCOLS)})"
+            )
+        result[name.strip().upper()] = protocol
+    return result
+
+
+def parse_listeners(
+    key: str, text: str, protocols: Mapping[str, str], controllers: frozenset[str]
+) -> list[Listener]:
+    """Parse NAME://host:port entries. Controller listeners with no protocol mapping default to PLAINTEXT."""
+    listeners: list[Listener] = []
+    for entry in _csv(text):
+        match = _LISTENER.fullmatch(entry)
+        if match is None or not match.group(1):
+            raise _invalid(key, text, f"Unable to parse {entry} to a listener (expected NAME://host:port)")
+        name, host, port = match.group(1).upper(), match.group(2), int(match.group(3))
+        if not 0 <= port <= 65535:
+            raise _invalid(key, text, f"Port {port} of listener {name} is not in 0..65535")
+        protocol = protocols.get(name)
+        if protocol is None:
+            if name not in controllers:
+                raise _invalid(key, text, f"No security protocol defined for listener {name}")
+            protocol = "PLAINTEXT"
+        if name not in controllers and protocol not in SUPPORTED_SECURITY_PROTOCOLS:
+            raise _invalid(
+                key,
+                text,
+                f"Listener {name} uses security protocol {protocol}; Strom supports only PLAINTEXT for now",
+            )
+        if any(existing.name == name for existing in listeners):
+            raise _invalid(key, text, f"Each listener must have a different name; {name} appears twice")
+        listeners.append(Listener(name, host, port, protocol))
+    return listeners
+
+
+# --- the configuration ---
+
+
+class KafkaConfig:
+    """The broker's effective configuration. Attributes are Kafka's key names with '.' -> '_'."""
+
+    def __init__(self, supplied: Mapping[str, str]) -> None:
+        self._supplied = dict(supplied)
+        self._values: dict[str, Value] = {}
+        for name, raw in self._supplied.items():
+            definition = BROKER_CONFIGS.get(name)
+            if definition is None:
+                log.warning(
+                    "unknown configuration '%s' was supplied but isn't a known config; ignoring it", name
+                )
+                continue
+            if not definition.effect:
+                log.debug("configuration '%s' is accepted for compatibility and has no effect in Strom", name)
+            self._values[name] = self._parse(definition, raw)
+
+        self.node_id: int = self._node_id()
+
+        self.controller_listener_names: list[str] = [
+            n.upper() for n in _csv(self._str("controller.listener.names"))
+        ]
+        controllers = frozenset(self.controller_listener_names)
+        self.listener_security_protocol_map: dict[str, str] = parse_security_protocol_map(
+            self._str("listener.security.protocol.map")
+        )
+        protocols = self.listener_security_protocol_map
+        self.listeners: list[Listener] = parse_listeners(
+            "listeners", self._str("listeners"), protocols, controllers
+        )
+        served = self.client_listeners()
+        if not served:
+            raise _invalid(
+                "listeners",
+                self._str("listeners"),
+                "No listener is left once controller listeners (controller.listener.names) are removed",
+            )
+        ports = [listener.port for listener in self.listeners if listener.port]  # port 0: any free port
+        if len(set(ports)) != len(ports):
+            raise _invalid("listeners", self._str("listeners"), "Each listener must have a different port")
+        skipped = [listener.name for listener in self.listeners if listener.name in controllers]
+        if skipped:
+            log.warning(
+                "listener(s) %s named in controller.listener.names are KRaft controller listeners; "
+                "Strom runs no controller and does not serve them",
+                ", ".join(skipped),
+            )
+        self.advertised_listeners: list[Listener] = self._advertised(served, protocols, controllers)
+
+        self.log_dirs: list[str] = self._log_dirs()
+        self.num_partitions: int = self._int("num.partitions")
+        self.default_replication_factor: int = self._int("default.replication.factor")
+        self.auto_create_topics_enable: bool = self._bool("auto.create.topics.enable")
+        self.delete_topic_enable: bool = self._bool("delete.topic.enable")
+
+        # The topic defaults, resolved through Kafka's synonyms (log.retention.ms > .minutes > .hours).
+        try:
+            self.default_log_config: LogConfig = LogConfig.from_props({}, self.log_config_defaults())
+        except InvalidConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        defaults = self.default_log_config
+        self.log_segment_bytes: int = defaults.segment_bytes
+        self.log_roll_ms: int = defaults.segment_ms
+        self.log_roll_jitter_ms: int = defaults.segment_jitter_ms
+        self.log_retention_ms: int = defaults.retention_ms
+        self.log_retention_bytes: int = defaults.retention_bytes
+        self.log_index_interval_bytes: int = defaults.index_interval_bytes
+        self.log_index_size_max_bytes: int = defaults.segment_index_bytes
+        self.log_flush_interval_messages: int = defaults.flush_messages
+        self.log_flush_interval_ms: int = defaults.flush_ms
+        self.log_message_timestamp_type: str = defaults.message_timestamp_type
+        self.log_message_timestamp_before_max_ms: int = defaults.message_timestamp_before_max_ms
+        self.log_message_timestamp_after_max_ms: int = defaults.message_timestamp_after_max_ms
+        self.log_cleanup_policy: list[str] = list(defaults.cleanup_policy)
+        self.log_preallocate: bool = defaults.preallocate
+        self.message_max_bytes: int = defaults.max_message_bytes
+        self.compression_type: str = defaults.compression_type
+        self.compression_gzip_level: int = defaults.compression_gzip_level
+        self.compression_lz4_level: int = defaults.compression_lz4_level
+        self.compression_zstd_level: int = defaults.compression_zstd_level
+        self.min_insync_replicas: int = defaults.min_insync_replicas
+        self.unclean_leader_election_enable: bool = defaults.unclean_leader_election_enable
+
+        self.log_retention_check_interval_ms: int = self._int("log.retention.check.interval.ms")
+        self.log_flush_scheduler_interval_ms: int = self._int("log.flush.scheduler.interval.ms")
+        self.log_flush_offset_checkpoint_interval_ms: int = self._int(
+            "log.flush.offset.checkpoint.interval.ms"
+        )
+        self.num_recovery_threads_per_data_dir: int = self._int("num.recovery.threads.per.data.dir")
+        self.socket_request_max_bytes: int = self._int("socket.request.max.bytes")
+        self.socket_send_buffer_bytes: int = self._int("socket.send.buffer.bytes")
+        self.socket_receive_buffer_bytes: int = self._int("socket.receive.buffer.bytes")
+        self.connections_max_idle_ms: int = self._int("connections.max.idle.ms")
+        self.offsets_topic_replication_factor: int = self._int("offsets.topic.replication.factor")
+        self.offsets_topic_num_partitions: int = self._int("offsets.topic.num.partitions")
+        self.transaction_state_log_replication_factor: int = self._int(
+            "transaction.state.log.replication.factor"
+        )
+        self.transaction_state_log_min_isr: int = self._int("transaction.state.log.min.isr")
+        self.group_initial_rebalance_delay_ms: int = self._int("group.initial.rebalance.delay.ms")
+        self.group_min_session_timeout_ms: int = self._int("group.min.session.timeout.ms")
+        self.group_max_session_timeout_ms: int = self._int("group.max.session.timeout.ms")
+        self.group_max_size: int = self._int("group.max.size")
+        self.offsets_retention_minutes: int = self._int("offsets.retention.minutes")
+
+    @classmethod
+    def from_sources(
+        cls, properties: Mapping[str, str] | None = None, overrides: Mapping[str, str] | None = None
+    ) -> KafkaConfig:
+        """The configuration from server.properties content and --override pairs (overrides win)."""
+        return cls({**(properties or {}), **(overrides or {})})
+
+    # --- access ---
+
+    def get(self, name: str) -> str | None:
+        """The raw value supplied for ``name`` (known or not), else the key's default, else None."""
+        if name in self._supplied:
+            return self._supplied[name]
+        definition = BROKER_CONFIGS.get(name)
+        return definition.default if definition else None
+
+    def client_listeners(self) -> list[Listener]:
+        """The listeners Strom serves: ``listeners`` minus the controller listeners."""
+        controllers = set(self.controller_listener_names)
+        return [listener for listener in self.listeners if listener.name not in controllers]
+
+    def advertised_client_listener(self, listener_name: str | None = None) -> Listener:
+        """The endpoint advertised to clients of ``listener_name`` (default: of the first client listener).
+
+        Its host may be empty and its port 0 when listeners say so; the server then fills in its host name
+        and bound port.
+        """
+        wanted = listener_name.upper() if listener_name else self.client_listeners()[0].name
+        for listener in self.advertised_listeners:
+            if listener.name == wanted:
+                return listener
+        return self.advertised_listeners[0]
+
+    def log_config_defaults(self) -> dict[str, str]:
+        """The broker keys set explicitly that supply topic defaults; what LogConfig.from_props takes."""
+        return {name: raw.strip() for name, raw in self._supplied.items() if name in BROKER_SYNONYMS}
+
+    @property
+    def offsets_retention_ms(self) -> int:
+        return self.offsets_retention_minutes * 60_000
+
+    # --- DescribeConfigs ---
+
+    def describe(self) -> list[ConfigEntry]:
+        """DescribeConfigs for this broker's BROKER resource: every known key plus any unknown supplied key.
+
+        Values from server.properties/--override have source STATIC_BROKER_CONFIG, the rest DEFAULT_CONFIG;
+        unknown keys are reported as Kafka does, as sensitive values of unknown type.
+        """
+        entries = [self._describe_known(d) for d in BROKER_CONFIGS.values()]
+        for name in sorted(set(self._supplied) - set(BROKER_CONFIGS)):
+            synonym = ConfigSynonym(name, None, ConfigSource.STATIC_BROKER_CONFIG)
+            entries.append(
+                ConfigEntry(
+                    name,
+                    None,
+                    ConfigSource.STATIC_BROKER_CONFIG,
+                    True,
+                    True,
+                    CONFIG_TYPE_UNKNOWN,
+                    None,
+                    (synonym,),
+                )
+            )
+        return entries
+
+    def _describe_known(self, definition: BrokerConfigDef) -> ConfigEntry:
+        name = definition.name
+        group = _SYNONYM_GROUPS.get(name, (name,))
+        supplied = dict(self._values)
+        if "node.id" in supplied or "broker.id" in supplied:
+            # Kafka copies node.id and broker.id into each other: both report the id in use.
+            supplied["node.id"] = supplied["broker.id"] = self.node_id
+        value = render_value(supplied[name], definition.type) if name in supplied else definition.default
+        if name in ("node.id", "broker.id"):
+            value = str(self.node_id)  # -1 (unset) means 0 in Strom
+        synonyms = [
+            ConfigSynonym(
+                n, render_value(supplied[n], BROKER_CONFIGS[n].type), ConfigSource.STATIC_BROKER_CONFIG
+            )
+            for n in group
+            if n in supplied
+        ]
+        synonyms += [
+            ConfigSynonym(n, BROKER_CONFIGS[n].default, ConfigSource.DEFAULT_CONFIG)
+            for n in group
+            if BROKER_CONFIGS[n].default is not None
+        ]
+        while synonyms and synonyms[0].name != name:
+            synonyms.pop(0)  # as Kafka: a key's synonyms start at the key itself
+        sensitive = definition.type is ConfigType.PASSWORD
+        return ConfigEntry(
+            name=name,
+            value=None if sensitive else value,
+            source=synonyms[0].source if synonyms else ConfigSource.DEFAULT_CONFIG,
+            is_sensitive=sensitive,
+            read_only=not definition.dynamic,
+            config_type=definition.type.id,
+            documentation=definition.doc,
+            synonyms=tuple(synonyms),
+        )
+
+    # --- helpers ---
+
+    @staticmethod
+    def _parse(definition: BrokerConfigDef, raw: str) -> Value:
+        try:
+            value = parse_value(definition.name, raw, definition.type)
+            if definition.validator is not None:
+                definition.validator.check(definition.name, value)
+        except InvalidConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        return value
+
+    def _value(self, name: str) -> Value:
+        if name in self._values:
+            return self._values[name]
+        definition = BROKER_CONFIGS[name]
+        return None if definition.default is None else parse_value(name, definition.default, definition.type)
+
+    def _int(self, name: str) -> int:
+        value = self._value(name)
+        assert isinstance(value, int) and not isinstance(value, bool), name
+        return value
+
+    def _bool(self, name: str) -> bool:
+        value = self._value(name)
+        assert isinstance(value, bool), name
+        return value
+
+    def _str(self, name: str) -> str:
+        value = self._value(name)
+        assert value is None or isinstance(value, str), name
+        return value or ""
+
+    def _node_id(self) -> int:
+        node_id, broker_id = self._int("node.id"), self._int("broker.id")
+        if node_id >= 0 and broker_id >= 0 and node_id != broker_id:
+            raise ConfigError(
+                f"Invalid value {broker_id} for configuration broker.id: "
+                f"it must be equal to node.id ({node_id}) when both are set"
+            )
+        # A single node needs no id assignment: Strom uses 0 when neither is set.
+        return max(node_id, broker_id, 0)
+
+    def _advertised(
+        self, served: list[Listener], protocols: Mapping[str, str], controllers: frozenset[str]
+    ) -> list[Listener]:
+        text = self._str("advertised.listeners")
+        if not text.strip():
+            return list(served)
+        parsed = parse_listeners("advertised.listeners", text, protocols, controllers)
+        advertised = [listener for listener in parsed if listener.name not in controllers]
+        if not advertised:
+            raise _invalid(
+                "advertised.listeners", text, "No listener is left once controller listeners are removed"
+            )
+        served_names = {listener.name for listener in served}
+        for listener in advertised:
+            if listener.name not in served_names:
+                raise _invalid(
+                    "advertised.listeners",
+                    text,
+                    f"Listener {listener.name} is not one of the listeners "
+                    f"({', '.join(sorted(served_names))})",
+                )
+            if listener.host == "0.0.0.0":
+                raise _invalid(
+                    "advertised.listeners",
+                    text,
+                    "advertised.listeners cannot use the nonroutable meta-address 0.0.0.0. "
+                    "Use a routable IP address.",
+                )
+        return advertised
+
+    def _log_dirs(self) -> list[str]:
+        key = "log.dirs" if self._str("log.dirs").strip() else "log.dir"
+        dirs = _csv(self._str(key))
+        if not dirs:
+            raise _invalid(
+                key, self._str(key), "At least one log directory must be defined via log.dirs or log.dir"
+            )
+        if len(set(dirs)) != len(dirs):
+            raise _invalid(key, self._str(key), "Duplicate log directory found")
+        return dirs
+
+    def __repr__(self) -> str:
+        return f"KafkaConfig(node_id={self.node_id}, listeners={[str(x) for x in self.listeners]})"
