@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from strom.broker.network import CloseConnection, KafkaConnection
-from strom.protocol.apis import REJECTED_VERSIONS, SUPPORTED_VERSIONS, ApiKey, request_module, response_module
+from strom.protocol.apis import REJECTED_VERSIONS, SUPPORTED_VERSIONS, ApiKey, request_entity, response_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.framing import (
     ProtocolError,
@@ -51,18 +51,6 @@ class RequestContext:
 
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any | None]]
-
-
-def _request_entity(api_key: int, version: int) -> type[Any]:
-    module = request_module(api_key, version)
-    for value in vars(module).values():
-        if (
-            isinstance(value, type)
-            and getattr(value, "__api_key__", None) == api_key
-            and value.__name__.endswith("Request")
-        ):
-            return value
-    raise LookupError(f"no request entity for api {api_key} v{version}")
 
 
 def _unsupported_api_versions_response(correlation_id: int) -> bytes:
@@ -101,7 +89,7 @@ class RequestDispatcher:
             raise CloseConnection(f"{key.name} v{version} is no longer supported (KIP-896)")
         try:
             header, body_offset = parse_request_header(frame)
-            request = decode_body(_request_entity(api_key, version), frame, body_offset)
+            request = decode_body(request_entity(api_key, version), frame, body_offset)
         except ProtocolError as exc:
             raise CloseConnection(str(exc)) from exc
         handler = self._handlers[key]

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
+from typing import Any
 
 from kio.index import load_payload_module
 from kio.static.constants import EntityType
@@ -99,13 +100,17 @@ def response_module(api_key: int, version: int) -> ModuleType:
 
 
 @cache
+def request_entity(api_key: int, version: int) -> Any:
+    """kio's top-level request class of this API version."""
+    for value in vars(request_module(api_key, version)).values():
+        if isinstance(value, type) and getattr(value, "__type__", None) == EntityType.request:
+            return value
+    raise LookupError(f"no request entity for api {api_key} v{version}")
+
+
 def is_flexible(api_key: int, version: int) -> bool:
     """Flexible versions use compact encodings and tagged fields, and header v2/v1."""
-    module = request_module(api_key, version)
-    for value in vars(module).values():
-        if isinstance(value, type) and getattr(value, "__type__", None) == EntityType.request:
-            return bool(value.__flexible__)
-    raise LookupError(f"no request entity for api {api_key} v{version}")
+    return bool(request_entity(api_key, version).__flexible__)
 
 
 def is_supported(api_key: int, version: int) -> bool:

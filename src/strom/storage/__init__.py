@@ -1,0 +1,59 @@
+"""Local storage: partition logs made of segments, their indexes, recovery, retention and producer state."""
+
+from strom.storage.errors import (
+    CorruptRecordError,
+    InvalidProducerEpochError,
+    InvalidRecordError,
+    InvalidTimestampError,
+    KafkaStorageError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    RecordTooLargeError,
+    StorageError,
+    UnknownProducerIdError,
+)
+from strom.storage.leader_epoch_cache import LeaderEpochFileCache
+from strom.storage.log import (
+    CLEAN_SHUTDOWN_FILE,
+    EARLIEST_LOCAL_TIMESTAMP,
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
+    FetchDataInfo,
+    InconsistentTopicIdError,
+    Log,
+    LogAppendInfo,
+    TimestampAndOffset,
+)
+from strom.storage.log_config import LogConfig
+from strom.storage.log_manager import LogManager
+from strom.storage.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
+
+__all__ = [
+    "CLEAN_SHUTDOWN_FILE",
+    "EARLIEST_LOCAL_TIMESTAMP",
+    "EARLIEST_TIMESTAMP",
+    "LATEST_TIMESTAMP",
+    "MAX_TIMESTAMP",
+    "BatchMetadata",
+    "CorruptRecordError",
+    "FetchDataInfo",
+    "InconsistentTopicIdError",
+    "InvalidProducerEpochError",
+    "InvalidRecordError",
+    "InvalidTimestampError",
+    "KafkaStorageError",
+    "LeaderEpochFileCache",
+    "Log",
+    "LogAppendInfo",
+    "LogConfig",
+    "LogManager",
+    "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
+    "ProducerStateEntry",
+    "ProducerStateManager",
+    "RecordTooLargeError",
+    "StorageError",
+    "TimestampAndOffset",
+    "UnknownProducerIdError",
+]
