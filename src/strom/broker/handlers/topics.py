@@ -115,17 +115,19 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                 )
             )
             continue
-        described = tuple(
-            build(
-                r.CreatableTopicConfigs,
-                name=e.name,
-                value=e.value,
-                read_only=e.read_only,
-                config_source=e.source,
-                is_sensitive=e.is_sensitive,
+        described = None
+        if hasattr(r, "CreatableTopicConfigs"):  # v5+ echo the effective configs
+            described = tuple(
+                build(
+                    r.CreatableTopicConfigs,
+                    name=e.name,
+                    value=e.value,
+                    read_only=e.read_only,
+                    config_source=e.source,
+                    is_sensitive=e.is_sensitive,
+                )
+                for e in describe_topic_config(configs, broker.config.log_config_defaults())
             )
-            for e in describe_topic_config(configs, broker.config.log_config_defaults())
-        )
         results.append(
             build(
                 r.CreatableTopicResult,
