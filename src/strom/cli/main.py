@@ -8,8 +8,12 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from strom.cli import logs
+
+if TYPE_CHECKING:
+    from strom.broker.config import KafkaConfig
 
 log = logging.getLogger("strom")
 
@@ -42,11 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(config: object) -> None:
+async def _serve(config: KafkaConfig) -> None:
     from strom.broker.server import BrokerServer
 
-    assert config is not None
-    broker = BrokerServer(config)  # type: ignore[arg-type]
+    broker = BrokerServer(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
