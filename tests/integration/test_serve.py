@@ -8,8 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from brokerproc import STROM, BrokerProcess, free_port
 from confluent_kafka.admin import AdminClient
+
+from brokerproc import STROM, BrokerProcess, free_port
 
 # What a stock Kafka 4.x config/server.properties (KRaft combined mode) looks like.
 KAFKA_SERVER_PROPERTIES = """\
