@@ -1,0 +1,130 @@
+"""Kafka's small text files: offset checkpoints, the leader-epoch checkpoint and partition.metadata.
+
+Checkpoint files are ``<version>\\n<count>\\n`` followed by one entry per line and are
+replaced atomically (write a temporary file, fsync it, rename it over the old one,
+fsync the directory), so a crash leaves either the old or the new content.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+from pathlib import Path
+
+from strom.storage.errors import KafkaStorageError
+
+CHECKPOINT_VERSION = 0
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+PARTITION_METADATA = "partition.metadata"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, content: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, content)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _write_lines(path: Path, lines: list[str]) -> None:
+    body = f"{CHECKPOINT_VERSION}\n{len(lines)}\n" + "".join(line + "\n" for line in lines)
+    write_atomically(path, body.encode())
+
+
+def _read_lines(path: Path, fields: int) -> list[list[str]]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    lines = text.splitlines()
+    try:
+        if int(lines[0]) != CHECKPOINT_VERSION:
+            raise KafkaStorageError(f"unrecognised version {lines[0]} in checkpoint file {path}")
+        count = int(lines[1])
+        entries = [line.split() for line in lines[2 : 2 + count]]
+    except (IndexError, ValueError) as e:
+        raise KafkaStorageError(f"malformed checkpoint file {path}: {e}") from e
+    if len(entries) != count or any(len(entry) != fields for entry in entries):
+        raise KafkaStorageError(f"malformed checkpoint file {path}: expected {count} entries")
+    return entries
+
+
+class OffsetCheckpointFile:
+    """``recovery-point-offset-checkpoint`` / ``log-start-offset-checkpoint``: ``topic partition offset``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, offsets: dict[tuple[str, int], int]) -> None:
+        _write_lines(
+            self.path, [f"{topic} {partition} {offset}" for (topic, partition), offset in offsets.items()]
+        )
+
+    def read(self) -> dict[tuple[str, int], int]:
+        try:
+            return {(t, int(p)): int(o) for t, p, o in _read_lines(self.path, 3)}
+        except ValueError as e:
+            raise KafkaStorageError(f"malformed checkpoint file {self.path}: {e}") from e
+
+
+class LeaderEpochCheckpointFile:
+    """``leader-epoch-checkpoint``: one ``epoch start_offset`` line per epoch."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, entries: list[tuple[int, int]]) -> None:
+        _write_lines(self.path, [f"{epoch} {offset}" for epoch, offset in entries])
+
+    def read(self) -> list[tuple[int, int]]:
+        try:
+            return [(int(e), int(o)) for e, o in _read_lines(self.path, 2)]
+        except ValueError as e:
+            raise KafkaStorageError(f"malformed checkpoint file {self.path}: {e}") from e
+
+
+def topic_id_to_string(topic_id: uuid.UUID) -> str:
+    """Kafka's Uuid.toString: URL-safe base64 of the 16 bytes, without padding."""
+    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode()
+
+
+def topic_id_from_string(text: str) -> uuid.UUID:
+    return uuid.UUID(bytes=base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+
+
+class PartitionMetadataFile:
+    """``partition.metadata``: the topic id a partition directory belongs to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, topic_id: uuid.UUID) -> None:
+        write_atomically(self.path, f"version: 0\ntopic_id: {topic_id_to_string(topic_id)}\n".encode())
+
+    def read(self) -> uuid.UUID | None:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return None
+        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+        try:
+            if fields.get("version") != "0":
+                raise ValueError(f"unsupported version {fields.get('version')}")
+            return topic_id_from_string(fields["topic_id"].strip())
+        except (KeyError, ValueError) as e:
+            raise KafkaStorageError(f"malformed {self.path}: {e}") from e

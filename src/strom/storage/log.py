@@ -1,0 +1,748 @@
+"""Log: one partition's log, a directory ``<topic>-<partition>`` of segments (Kafka's UnifiedLog).
+
+Threading: everything runs on the broker's event-loop thread except ``flush``,
+which a worker thread may call while the loop appends. ``flush`` only fsyncs
+file descriptors (each segment serialises that with its own close) and reads
+the segment list under ``_lock``, the only lock that list mutations take.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from strom.records import batch as rb
+from strom.storage.checkpoint import PARTITION_METADATA, PartitionMetadataFile, fsync_dir
+from strom.storage.errors import (
+    CorruptRecordError,
+    KafkaStorageError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
+from strom.storage.leader_epoch_cache import LeaderEpochFileCache
+from strom.storage.log_config import LogConfig
+from strom.storage.log_segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+    file_name,
+    new_segment,
+    next_offset_of_file,
+)
+from strom.storage.log_validator import parse_batches, target_codec, validate_client_batches
+from strom.storage.producer_state import ProducerStateManager
+
+log = logging.getLogger(__name__)
+
+# Kafka's marker, one per log directory, written on clean shutdown.
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+DELETED_SUFFIX = ".deleted"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+
+# ListOffsets special timestamps.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL_TIMESTAMP = -4
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def parse_topic_partition(dir_name: str) -> tuple[str, int]:
+    """``my-topic-3`` -> ("my-topic", 3). Raises ValueError for other names."""
+    topic, sep, partition = dir_name.rpartition("-")
+    if not sep or not topic or not partition.isdigit():
+        raise ValueError(f"{dir_name!r} is not a <topic>-<partition> log directory name")
+    return topic, int(partition)
+
+
+@dataclass(frozen=True, slots=True)
+class LogAppendInfo:
+    first_offset: int
+    last_offset: int
+    log_append_time: int  # -1 unless the topic uses LogAppendTime
+    log_start_offset: int
+    record_count: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FetchDataInfo:
+    fetch_offset: int
+    records: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampAndOffset:
+    timestamp: int
+    offset: int
+    leader_epoch: int | None
+
+
+class InconsistentTopicIdError(KafkaStorageError):
+    """The directory's partition.metadata names another topic id (a stale directory)."""
+
+
+class Log:
+    def __init__(
+        self, dir: Path, config: LogConfig, topic_id: uuid.UUID | None, time_ms: Callable[[], int]
+    ) -> None:
+        self.dir = dir
+        self.topic, self.partition = parse_topic_partition(dir.name)
+        self.config = config
+        self.topic_id = topic_id
+        self._time_ms = time_ms
+        self._segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self.log_start_offset = 0
+        self.recovery_point = 0
+        self.last_flush_ms = time_ms()
+        self._roll_flush_pending = False
+        self._closed = False
+        self.leader_epoch_cache = LeaderEpochFileCache(dir, lambda: self.log_end_offset)
+        self.producer_state = ProducerStateManager(dir)
+        # Set by LogManager: persists the log start offset when DeleteRecords moves it.
+        self.log_start_offset_listener: Callable[[Log], None] | None = None
+
+    # --- opening and recovery -----------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        dir: Path,
+        config: LogConfig,
+        *,
+        topic_id: uuid.UUID | None = None,
+        time_ms: Callable[[], int] = wall_clock_ms,
+        log_start_offset: int | None = None,
+        recovery_point: int | None = None,
+        had_clean_shutdown: bool | None = None,
+    ) -> Log:
+        """Create or load the log in ``dir``; recover it if its log dir was not shut down cleanly.
+
+        ``log_start_offset`` and ``recovery_point`` come from the log dir's checkpoint
+        files (LogManager); ``had_clean_shutdown`` defaults to the presence of the
+        log dir's clean-shutdown marker.
+        """
+        dir.mkdir(parents=True, exist_ok=True)
+        metadata = PartitionMetadataFile(dir / PARTITION_METADATA)
+        stored_id = metadata.read()
+        if stored_id is not None and topic_id is not None and stored_id != topic_id:
+            raise InconsistentTopicIdError(f"{dir} belongs to topic id {stored_id}, not {topic_id}")
+        if stored_id is None and topic_id is not None:
+            metadata.write(topic_id)
+        if had_clean_shutdown is None:
+            had_clean_shutdown = (dir.parent / CLEAN_SHUTDOWN_FILE).exists()
+        log_ = cls(dir, config, topic_id or stored_id, time_ms)
+        try:
+            log_._load(had_clean_shutdown, recovery_point or 0, log_start_offset)
+        except OSError as e:
+            raise KafkaStorageError(f"error loading log {dir}: {e}") from e
+        return log_
+
+    def _new_segment(self, base_offset: int) -> LogSegment:
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            (self.dir / file_name(base_offset, suffix)).unlink(missing_ok=True)
+        return new_segment(
+            self.dir,
+            base_offset,
+            index_interval_bytes=self.config.index_interval_bytes,
+            max_index_size=self.config.segment_index_bytes,
+            segment_jitter_ms=self.config.segment_jitter_ms,
+            now_ms=self._time_ms(),
+        )
+
+    def _open_segment(self, base_offset: int) -> LogSegment:
+        return LogSegment(
+            self.dir,
+            base_offset,
+            index_interval_bytes=self.config.index_interval_bytes,
+            max_index_size=self.config.segment_index_bytes,
+            roll_jitter_ms=0,
+            now_ms=self._time_ms(),
+        )
+
+    def _segment_bases_on_disk(self) -> list[int]:
+        bases = []
+        for path in self.dir.glob(f"*{LOG_SUFFIX}"):
+            stem = path.name[: -len(LOG_SUFFIX)]
+            if stem.isdigit():
+                bases.append(int(stem))
+        return sorted(bases)
+
+    def _remove_temp_files_and_complete_swaps(self) -> None:
+        """Delete leftovers of interrupted operations; a ``.log.swap`` replaces the segments it covers."""
+        for path in list(self.dir.iterdir()):
+            name = path.name
+            if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX, ".tmp")):
+                log.debug("deleting stray file %s", path)
+                path.unlink()
+            elif name.endswith(SWAP_SUFFIX) and not name.endswith(LOG_SUFFIX + SWAP_SUFFIX):
+                path.unlink()  # swapped indexes are rebuilt from the log
+        for swap in sorted(self.dir.glob(f"*{LOG_SUFFIX}{SWAP_SUFFIX}")):
+            self._complete_swap(swap)
+        # Indexes whose log file is gone are orphans.
+        bases = set(self._segment_bases_on_disk())
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            for path in self.dir.glob(f"*{suffix}"):
+                stem = path.name[: -len(suffix)]
+                if stem.isdigit() and int(stem) not in bases:
+                    path.unlink()
+
+    def _complete_swap(self, swap: Path) -> None:
+        """Finish an interrupted swap: the (complete) swap file replaces the segments it covers.
+
+        Replaced segments are renamed ``.deleted`` first, so a crash at any step leaves
+        either the old segments or the swap file to finish with at the next startup.
+        """
+        stem = swap.name[: -len(LOG_SUFFIX + SWAP_SUFFIX)]
+        if not stem.isdigit():
+            swap.unlink()
+            return
+        base = int(stem)
+        end = max(next_offset_of_file(swap, base), base + 1)
+        replaced = []
+        for old in self._segment_bases_on_disk():
+            if base <= old < end:
+                for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                    path = self.dir / file_name(old, suffix)
+                    if path.exists():
+                        deleted = path.with_name(path.name + DELETED_SUFFIX)
+                        os.replace(path, deleted)
+                        replaced.append(deleted)
+        os.replace(swap, self.dir / file_name(base, LOG_SUFFIX))
+        for path in replaced:
+            path.unlink()
+        log.info("completed interrupted segment swap", extra={"log": self.dir.name, "base_offset": base})
+
+    def _load(self, had_clean_shutdown: bool, recovery_point: int, log_start_offset: int | None) -> None:
+        started = time.monotonic()
+        self._remove_temp_files_and_complete_swaps()
+        segments = [self._open_segment(base) for base in self._segment_bases_on_disk()]
+        recovered = truncated = 0
+        if had_clean_shutdown:
+            for segment in segments:
+                segment.rebuild_indexes_if_corrupt()
+        else:
+            bases = [segment.base_offset for segment in segments]
+            first_unflushed = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
+            for segment in segments[:first_unflushed]:
+                segment.rebuild_indexes_if_corrupt()
+            for i in range(first_unflushed, len(segments)):
+                segment = segments[i]
+                cut = segment.recover(self._on_recovered_batch)
+                recovered += 1
+                log.debug("recovered segment %s: %d bytes valid, %d cut", segment.log_path, segment.size, cut)
+                if cut:
+                    # Nothing after an invalid batch can be trusted.
+                    truncated += cut
+                    for later in segments[i + 1 :]:
+                        truncated += later.size
+                        later.delete()
+                    del segments[i + 1 :]
+                    break
+        for segment in segments[:-1]:
+            segment.on_become_inactive()
+        self._segments = segments
+        self._bases = [segment.base_offset for segment in segments]
+        if not segments:
+            self._add_segment(self._new_segment(log_start_offset or 0))
+        self.active_segment.resize_indexes(self.config.segment_index_bytes)
+
+        log_end = self.log_end_offset
+        self.log_start_offset = max(log_start_offset or 0, self._segments[0].base_offset)
+        if self.log_start_offset > log_end:
+            # The checkpointed start is ahead of the surviving data: start over there.
+            self._truncate_fully_and_start_at(self.log_start_offset)
+            log_end = self.log_end_offset
+        self.recovery_point = log_end if had_clean_shutdown else min(recovery_point, log_end)
+        self.leader_epoch_cache.truncate_from_end(log_end)
+        self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
+        replayed = self._rebuild_producer_state()
+        elapsed_ms = int((time.monotonic() - started) * 1000)
+        fields = {
+            "log": self.dir.name,
+            "segments": len(self._segments),
+            "log_start_offset": self.log_start_offset,
+            "log_end_offset": log_end,
+            "recovered_segments": recovered,
+            "truncated_bytes": truncated,
+            "replayed_batches": replayed,
+            "ms": elapsed_ms,
+        }
+        if had_clean_shutdown:
+            log.debug("loaded log", extra=fields)
+        else:
+            log.info("recovered log", extra=fields)
+
+    def _on_recovered_batch(self, header: rb.BatchHeader) -> None:
+        epoch = header.partition_leader_epoch
+        latest = self.leader_epoch_cache.latest_epoch
+        if epoch >= 0 and (latest is None or epoch > latest):
+            self.leader_epoch_cache.assign(epoch, header.base_offset)
+
+    def _rebuild_producer_state(self) -> int:
+        """Load the latest producer snapshot and replay the batches after it; returns batches replayed."""
+        state = self.producer_state
+        start = state.load(self.log_start_offset, self.log_end_offset)
+        replayed = 0
+        for segment in self._segments:
+            if segment.next_offset <= start:
+                continue
+            position = segment.offset_index.lookup(start).position if start > segment.base_offset else 0
+            for batch in segment.scan(position, headers_only=True):
+                header = batch.header
+                if header.last_offset >= start:
+                    state.update(header, header.base_offset, header.max_timestamp)
+                    replayed += 1
+        state.advance_map_end_offset(self.log_end_offset)
+        return replayed
+
+    # --- basic properties ---------------------------------------------------------
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        return list(self._segments)
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(segment.size for segment in self._segments)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self._segments)
+
+    def _add_segment(self, segment: LogSegment) -> None:
+        with self._lock:
+            self._segments.append(segment)
+            self._bases.append(segment.base_offset)
+
+    def _floor_segment_index(self, offset: int) -> int:
+        return max(bisect.bisect_right(self._bases, offset) - 1, 0)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KafkaStorageError(f"log {self.dir.name} is closed")
+
+    # --- appending ------------------------------------------------------------------
+
+    def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> LogAppendInfo:
+        """Validate a client's record set, assign offsets and append it.
+
+        A writable buffer (bytearray, writable memoryview) is rewritten in place;
+        bytes are copied once.
+        """
+        self._check_open()
+        config = self.config
+        headers = parse_batches(records, config.max_message_bytes)
+        now = self._time_ms()
+        validate_client_batches(headers, config, now)
+        codec = target_codec(config)
+        if codec is not None and any(header.compression != codec for header in headers):
+            records, headers = self._recompress(records, codec)
+
+        duplicate = self.producer_state.check_append(headers)
+        log_append_time = now if config.message_timestamp_type == "LogAppendTime" else rb.NO_TIMESTAMP
+        if duplicate is not None:
+            return LogAppendInfo(
+                duplicate.first_offset,
+                duplicate.last_offset,
+                duplicate.timestamp if log_append_time >= 0 else rb.NO_TIMESTAMP,
+                self.log_start_offset,
+                duplicate.last_offset - duplicate.first_offset + 1,
+                duplicate=True,
+            )
+
+        buf: bytearray | memoryview
+        if isinstance(records, bytearray) or (isinstance(records, memoryview) and not records.readonly):
+            buf = records
+        else:
+            buf = bytearray(records)
+        first_offset = next_offset = self.log_end_offset
+        assigned = []
+        record_count = 0
+        max_timestamp = rb.NO_TIMESTAMP
+        for header in headers:
+            position = header.position
+            rb.set_base_offset(buf, position, next_offset)
+            rb.set_partition_leader_epoch(buf, position, leader_epoch)
+            if log_append_time >= 0:
+                rb.set_log_append_time(buf, header, log_append_time)
+            final = rb.read_header(buf, position)
+            assigned.append(final)
+            record_count += final.records_count
+            max_timestamp = max(max_timestamp, final.max_timestamp)
+            next_offset = final.next_offset
+        last_offset = next_offset - 1
+
+        segment = self.active_segment
+        if segment.should_roll(
+            config.segment_bytes, config.segment_ms, len(buf), max_timestamp, last_offset, now
+        ):
+            segment = self.roll()
+        latest_epoch = self.leader_epoch_cache.latest_epoch
+        if leader_epoch >= 0 and (latest_epoch is None or leader_epoch > latest_epoch):
+            self.leader_epoch_cache.assign(leader_epoch, first_offset)
+        segment.append(buf, assigned)
+        state = self.producer_state
+        for header in assigned:
+            state.update(header, header.base_offset, header.max_timestamp)
+        if self.log_end_offset - self.recovery_point >= config.flush_messages:
+            self.flush()
+        return LogAppendInfo(first_offset, last_offset, log_append_time, self.log_start_offset, record_count)
+
+    def _recompress(
+        self, records: bytes | bytearray | memoryview, codec: int
+    ) -> tuple[bytes, list[rb.BatchHeader]]:
+        from strom.records.codec import recompress_batches
+
+        try:
+            recompressed = recompress_batches(records, codec)
+            headers = list(rb.iter_headers(recompressed))
+        except rb.InvalidBatchError as e:
+            raise CorruptRecordError(f"cannot recompress record batch: {e}") from e
+        for header in headers:
+            if header.size > self.config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"the recompressed record batch size is {header.size} bytes which exceeds the maximum "
+                    f"configured value of {self.config.max_message_bytes}"
+                )
+        return recompressed, headers
+
+    def roll(self) -> LogSegment:
+        """Start a new active segment at the log end offset (no-op if the active one is empty)."""
+        self._check_open()
+        active = self.active_segment
+        if active.size == 0:
+            return active
+        new_base = self.log_end_offset
+        # Kafka snapshots producer state at every roll so startup only replays the last segment.
+        self.producer_state.advance_map_end_offset(new_base)
+        self.producer_state.take_snapshot()
+        active.on_become_inactive()
+        segment = self._new_segment(new_base)
+        self._add_segment(segment)
+        self._roll_flush_pending = True
+        log.debug("rolled segment", extra={"log": self.dir.name, "base_offset": new_base})
+        return segment
+
+    # --- flushing -------------------------------------------------------------------
+
+    @property
+    def unflushed_messages(self) -> int:
+        return self.log_end_offset - self.recovery_point
+
+    def flush_due(self, now_ms: int) -> bool:
+        """True when a rolled segment awaits its flush or flush.ms has passed with unflushed data."""
+        if self._closed:
+            return False
+        if self._roll_flush_pending:
+            return True
+        return self.unflushed_messages > 0 and now_ms - self.last_flush_ms >= self.config.flush_ms
+
+    def flush(self, up_to: int | None = None) -> None:
+        """fsync everything below ``up_to`` (default: the log end) and advance the recovery point.
+
+        Safe to call from a worker thread while the event loop appends: it reads the
+        log end before syncing, and only data written before that is counted.
+        """
+        with self._flush_lock:
+            if self._closed:
+                return
+            log_end = self.log_end_offset
+            target = log_end if up_to is None else min(up_to, log_end)
+            if up_to is None or target >= self.active_segment.base_offset:
+                self._roll_flush_pending = False
+            if target <= self.recovery_point:
+                return
+            with self._lock:
+                segments = [
+                    s
+                    for s in self._segments
+                    if s.next_offset > self.recovery_point and s.base_offset < target
+                ]
+            for segment in segments:
+                segment.flush()
+            try:
+                fsync_dir(self.dir)  # new segment files' directory entries
+            except OSError as e:
+                raise KafkaStorageError(f"error flushing {self.dir}: {e}") from e
+            with self._lock:
+                self.recovery_point = max(self.recovery_point, target)
+            self.last_flush_ms = self._time_ms()
+
+    # --- reading ----------------------------------------------------------------------
+
+    def read(
+        self, fetch_offset: int, max_bytes: int, max_offset: int | None = None, min_one_batch: bool = True
+    ) -> FetchDataInfo:
+        """Whole batches from the one containing ``fetch_offset``, below ``max_offset`` (the HW)."""
+        self._check_open()
+        log_end = self.log_end_offset
+        if fetch_offset < self.log_start_offset or fetch_offset > log_end:
+            raise OffsetOutOfRangeError(
+                f"offset {fetch_offset} is out of range for partition {self.topic}-{self.partition}: "
+                f"log start offset {self.log_start_offset}, log end offset {log_end}"
+            )
+        if fetch_offset == log_end or (max_offset is not None and fetch_offset >= max_offset):
+            return FetchDataInfo(fetch_offset, b"")
+        for segment in self._segments[self._floor_segment_index(fetch_offset) :]:
+            max_position = segment.size
+            if max_offset is not None and max_offset < segment.next_offset:
+                max_position = segment.position_of(max_offset)
+            data = segment.read(fetch_offset, max_bytes, max_position, min_one_batch)
+            if data is not None:
+                return FetchDataInfo(fetch_offset, data)
+        return FetchDataInfo(fetch_offset, b"")
+
+    def fetch_offset_by_timestamp(self, timestamp: int) -> TimestampAndOffset | None:
+        """ListOffsets: the first offset whose record timestamp >= ``timestamp``, or a special one."""
+        self._check_open()
+        cache = self.leader_epoch_cache
+        if timestamp == EARLIEST_TIMESTAMP:
+            earliest = cache.earliest_entry
+            epoch = earliest[0] if earliest is not None and earliest[1] <= self.log_start_offset else None
+            return TimestampAndOffset(rb.NO_TIMESTAMP, self.log_start_offset, epoch)
+        if timestamp == EARLIEST_LOCAL_TIMESTAMP:
+            return TimestampAndOffset(
+                rb.NO_TIMESTAMP, self.log_start_offset, cache.epoch_for_offset(self.log_start_offset)
+            )
+        if timestamp == LATEST_TIMESTAMP:
+            return TimestampAndOffset(rb.NO_TIMESTAMP, self.log_end_offset, cache.latest_epoch)
+        if timestamp == MAX_TIMESTAMP:
+            return self._max_timestamp_and_offset()
+        if timestamp < 0:
+            return None
+        for segment in self._segments:
+            if segment.max_timestamp_so_far >= timestamp:
+                return self._search_segment(segment, timestamp)
+        return None
+
+    def _max_timestamp_and_offset(self) -> TimestampAndOffset | None:
+        segment = max(self._segments, key=lambda s: s.max_timestamp_so_far)
+        if segment.max_timestamp_so_far < 0:
+            return None
+        return self._search_segment(segment, segment.max_timestamp_so_far, exact=True)
+
+    def _search_segment(
+        self, segment: LogSegment, target: int, exact: bool = False
+    ) -> TimestampAndOffset | None:
+        """First record in ``segment`` at or after log start with timestamp >= target (== target if exact)."""
+        from strom.records.codec import decode_batch
+
+        start = max(segment.time_index.lookup(target).offset, self.log_start_offset)
+        position = segment.offset_index.lookup(start).position
+        for batch in segment.scan(position):
+            header = batch.header
+            if header.max_timestamp < target or header.last_offset < self.log_start_offset:
+                continue
+            epoch = header.partition_leader_epoch if header.partition_leader_epoch >= 0 else None
+            if header.timestamp_type == rb.TimestampType.LOG_APPEND_TIME:
+                return TimestampAndOffset(
+                    header.max_timestamp, max(header.base_offset, self.log_start_offset), epoch
+                )
+            try:
+                records = decode_batch(batch.data, verify_crc=False).records
+            except rb.InvalidBatchError as e:
+                raise CorruptRecordError(f"cannot decode batch at offset {header.base_offset}: {e}") from e
+            for record in records:
+                if record.offset >= self.log_start_offset and (
+                    record.timestamp == target if exact else record.timestamp >= target
+                ):
+                    return TimestampAndOffset(record.timestamp, record.offset, epoch)
+        return None
+
+    def end_offset_for_epoch(self, requested_epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: (epoch, end offset), or (-1, -1) when unknown."""
+        return self.leader_epoch_cache.end_offset_for(requested_epoch, self.log_end_offset)
+
+    # --- deleting data ------------------------------------------------------------------
+
+    def delete_records(self, offset: int) -> int:
+        """DeleteRecords: move the log start offset up to ``offset``; returns the new log start offset."""
+        self._check_open()
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"cannot delete records of {self.topic}-{self.partition} below {offset}: "
+                f"beyond the log end offset {self.log_end_offset}"
+            )
+        if offset > self.log_start_offset:
+            self._increment_log_start_offset(offset, persist=True)
+            self._delete_segments(self._deletable_below_log_start())
+        return self.log_start_offset
+
+    def delete_retention_segments(self, now_ms: int | None = None, high_watermark: int | None = None) -> int:
+        """Apply retention.ms / retention.bytes and drop segments below the log start; returns count.
+
+        As in Kafka, an expired active segment is deleted too (after rolling a new one),
+        and nothing at or above the high watermark (default: log end) is deleted.
+        """
+        self._check_open()
+        now = self._time_ms() if now_ms is None else now_ms
+        upper = self.log_end_offset if high_watermark is None else high_watermark
+        deleted = self._delete_segments(self._deletable_below_log_start())
+        if "delete" not in self.config.cleanup_policy:
+            return deleted
+        retention_ms = self.config.retention_ms
+        if retention_ms >= 0:
+            deleted += self._delete_segments(
+                self._deletable(lambda s: now - s.largest_timestamp > retention_ms, upper)
+            )
+        if self.config.retention_bytes >= 0:
+            excess = self.size_in_bytes - self.config.retention_bytes
+
+            def over_size(segment: LogSegment) -> bool:
+                nonlocal excess
+                if excess - segment.size < 0:
+                    return False
+                excess -= segment.size
+                return True
+
+            deleted += self._delete_segments(self._deletable(over_size, upper))
+        return deleted
+
+    def _deletable_below_log_start(self) -> list[LogSegment]:
+        segments = self._segments
+        return [
+            s
+            for s, following in itertools.pairwise(segments)
+            if following.base_offset <= self.log_start_offset
+        ]
+
+    def _deletable(self, predicate: Callable[[LogSegment], bool], upper_bound: int) -> list[LogSegment]:
+        deletable = []
+        for i, segment in enumerate(self._segments):
+            is_last = i == len(self._segments) - 1
+            if is_last and segment.size == 0:
+                break
+            if segment.next_offset > upper_bound or not predicate(segment):
+                break
+            deletable.append(segment)
+        return deletable
+
+    def _delete_segments(self, deletable: list[LogSegment]) -> int:
+        if not deletable:
+            return 0
+        if len(deletable) == len(self._segments):
+            # A log always has a segment: roll a new one before deleting all of them.
+            self.roll()
+        with self._lock:
+            gone = {id(s) for s in deletable}
+            self._segments = [s for s in self._segments if id(s) not in gone]
+            self._bases = [s.base_offset for s in self._segments]
+        for segment in deletable:
+            segment.delete()
+        first_base = self._segments[0].base_offset
+        if first_base > self.log_start_offset:
+            self._increment_log_start_offset(first_base)
+        self.producer_state.delete_snapshots_before(first_base)
+        log.info(
+            "deleted segments",
+            extra={
+                "log": self.dir.name,
+                "segments": len(deletable),
+                "log_start_offset": self.log_start_offset,
+            },
+        )
+        return len(deletable)
+
+    def _increment_log_start_offset(self, offset: int, persist: bool = False) -> None:
+        """``persist``: tell the listener (DeleteRecords); a start at a segment base is implied by the files."""
+        self.log_start_offset = offset
+        self.leader_epoch_cache.truncate_from_start(offset)
+        if persist and self.log_start_offset_listener is not None:
+            self.log_start_offset_listener(self)
+
+    def truncate_to(self, offset: int) -> bool:
+        """Remove every batch at or after the one containing ``offset`` (follower truncation)."""
+        self._check_open()
+        if offset < 0:
+            raise ValueError(f"cannot truncate to a negative offset {offset}")
+        if offset >= self.log_end_offset:
+            return False
+        if offset < self._segments[0].base_offset:
+            self._truncate_fully_and_start_at(offset)
+            return True
+        keep = self._floor_segment_index(offset)
+        with self._lock:
+            removed = self._segments[keep + 1 :]
+            self._segments = self._segments[: keep + 1]
+            self._bases = self._bases[: keep + 1]
+        for segment in removed:
+            segment.delete()
+        self.active_segment.truncate_to(offset)
+        self._after_truncation()
+        return True
+
+    def _truncate_fully_and_start_at(self, offset: int) -> None:
+        with self._lock:
+            removed = self._segments
+            self._segments, self._bases = [], []
+        for segment in removed:
+            segment.delete()
+        self._add_segment(self._new_segment(offset))
+        self.log_start_offset = offset
+        with self._lock:
+            self.recovery_point = offset
+        self._after_truncation()
+
+    def _after_truncation(self) -> None:
+        log_end = self.log_end_offset
+        self.log_start_offset = min(self.log_start_offset, log_end)
+        with self._lock:
+            self.recovery_point = min(self.recovery_point, log_end)
+        self.leader_epoch_cache.truncate_from_end(log_end)
+        self.producer_state.truncate_and_reload(self.log_start_offset, log_end)
+        self._rebuild_producer_state()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def update_config(self, config: LogConfig) -> None:
+        """New settings apply from the next append (and the next segment, for segment settings)."""
+        self.config = config
+
+    def close(self) -> None:
+        """Flush, snapshot producer state at the log end and release every file."""
+        if self._closed:
+            return
+        self.flush()
+        with self._flush_lock:
+            self.producer_state.advance_map_end_offset(self.log_end_offset)
+            self.producer_state.take_snapshot(sync=True)
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
+
+    def delete(self) -> None:
+        """Close the log and remove its directory."""
+        self.close()
+        shutil.rmtree(self.dir)
+
+    def __repr__(self) -> str:
+        return (
+            f"Log({self.dir.name}, log_start_offset={self.log_start_offset}, "
+            f"log_end_offset={self.log_end_offset}, segments={len(self._segments)})"
+        )
