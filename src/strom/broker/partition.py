@@ -73,7 +73,8 @@ class Partition:
         if timestamp == -1:
             # "latest" means the high watermark for consumers, not the LEO.
             return TimestampAndOffset(-1, self.high_watermark, self.leader_epoch)
-        if found is not None and found.offset >= self.high_watermark:
+        if timestamp >= 0 and found is not None and found.offset >= self.high_watermark:
+            # A lookup by time never answers with an offset consumers cannot read yet.
             return None
         return found
 

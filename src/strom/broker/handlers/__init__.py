@@ -10,6 +10,7 @@ from strom.broker.handlers.configs import (
     handle_describe_configs,
     handle_incremental_alter_configs,
 )
+from strom.broker.handlers.coordinator import handle_find_coordinator
 from strom.broker.handlers.delete_records import handle_delete_records
 from strom.broker.handlers.fetch import handle_fetch
 from strom.broker.handlers.leader_epoch import handle_offset_for_leader_epoch
@@ -25,6 +26,7 @@ HANDLERS: dict[ApiKey, Handler] = {
     ApiKey.FETCH: handle_fetch,
     ApiKey.LIST_OFFSETS: handle_list_offsets,
     ApiKey.METADATA: handle_metadata,
+    ApiKey.FIND_COORDINATOR: handle_find_coordinator,
     ApiKey.API_VERSIONS: handle_api_versions,
     ApiKey.CREATE_TOPICS: handle_create_topics,
     ApiKey.DELETE_TOPICS: handle_delete_topics,

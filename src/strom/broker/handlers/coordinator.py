@@ -1,0 +1,61 @@
+"""FindCoordinator (10): which broker coordinates a consumer group (this one: there is one broker).
+
+Group membership itself (JoinGroup, SyncGroup, ...) is not served yet, so those APIs stay
+unadvertised; FindCoordinator is, because clients also probe it as a capability (librdkafka
+enables LZ4 only on brokers that list it). Transactions are not supported: a transactional
+key gets a fatal error with a clear message, never a retriable one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strom.broker.dispatcher import RequestContext
+from strom.protocol.errors import ErrorCode
+from strom.protocol.messages import build
+
+GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
+
+
+def _lookup(ctx: RequestContext, key_type: int) -> tuple[ErrorCode, str | None, int, str, int]:
+    if key_type == TRANSACTION_KEY_TYPE:
+        return (
+            ErrorCode.transactional_id_authorization_failed,
+            "Strom does not support transactions yet",
+            -1,
+            "",
+            -1,
+        )
+    if key_type != GROUP_KEY_TYPE:
+        return ErrorCode.invalid_request, f"Unsupported coordinator key type {key_type}", -1, "", -1
+    host, port = ctx.broker.advertised_endpoint()
+    return ErrorCode.none, None, ctx.broker.node_id, host, port
+
+
+async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    key_type = getattr(request, "key_type", GROUP_KEY_TYPE)
+    error, message, node_id, host, port = _lookup(ctx, key_type)
+    if hasattr(request, "coordinator_keys"):  # v4+: batched lookups
+        coordinators = tuple(
+            build(
+                r.Coordinator,
+                key=key,
+                node_id=node_id,
+                host=host,
+                port=port,
+                error_code=error,
+                error_message=message,
+            )
+            for key in request.coordinator_keys
+        )
+        return build(r.FindCoordinatorResponse, coordinators=coordinators)
+    return build(
+        r.FindCoordinatorResponse,
+        error_code=error,
+        error_message=message,
+        node_id=node_id,
+        host=host,
+        port=port,
+    )
