@@ -1,9 +1,11 @@
-"""FindCoordinator (10): which broker coordinates a consumer group (this one: there is one broker).
+"""FindCoordinator (10): which broker coordinates a consumer group.
 
-Group membership itself (JoinGroup, SyncGroup, ...) is not served yet, so those APIs stay
-unadvertised; FindCoordinator is, because clients also probe it as a capability (librdkafka
-enables LZ4 only on brokers that list it). Transactions are not supported: a transactional
-key gets a fatal error with a clear message, never a retriable one.
+Strom does not coordinate groups yet (no JoinGroup, OffsetCommit or OffsetFetch), yet it
+serves FindCoordinator because clients probe it as a capability: librdkafka enables LZ4 only
+on brokers that list it. Naming a coordinator whose APIs are missing would make clients call
+them anyway (librdkafka 2.0 crashes on the missing OffsetFetch), so a group lookup answers
+COORDINATOR_NOT_AVAILABLE, which clients retry quietly. A transactional key gets a fatal error
+with a clear message, never a retriable one.
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ def _lookup(ctx: RequestContext, key_type: int) -> tuple[ErrorCode, str | None, 
         )
     if key_type != GROUP_KEY_TYPE:
         return ErrorCode.invalid_request, f"Unsupported coordinator key type {key_type}", -1, "", -1
-    host, port = ctx.broker.advertised_endpoint()
-    return ErrorCode.none, None, ctx.broker.node_id, host, port
+    return ErrorCode.coordinator_not_available, "Strom does not coordinate consumer groups yet", -1, "", -1
 
 
 async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
