@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from strom.protocol.errors import ErrorCode
 from strom.storage import FetchDataInfo, Log, LogAppendInfo, OffsetOutOfRangeError, TimestampAndOffset
 
 
@@ -33,6 +34,14 @@ class Partition:
         self.high_watermark = log.log_end_offset
         if log.leader_epoch_cache.latest_epoch is None or log.leader_epoch_cache.latest_epoch < leader_epoch:
             log.leader_epoch_cache.assign(leader_epoch, log.log_end_offset)
+
+    def leader_epoch_error(self, current_leader_epoch: int) -> ErrorCode | None:
+        """Kafka's check of a client's view of the leader epoch (-1: the client does not know it)."""
+        if current_leader_epoch < 0 or current_leader_epoch == self.leader_epoch:
+            return None
+        if current_leader_epoch > self.leader_epoch:
+            return ErrorCode.unknown_leader_epoch  # the client is ahead: retry after metadata catches up
+        return ErrorCode.fenced_leader_epoch
 
     @property
     def log_end_offset(self) -> int:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import uuid
 from typing import Any
 
 ZERO_THROTTLE = datetime.timedelta(0)
+# Kafka's "no topic id" and "authorized operations not requested" sentinels.
+ZERO_UUID = uuid.UUID(int=0)
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 
 
 _FIELD_NAMES: dict[type[Any], frozenset[str]] = {}

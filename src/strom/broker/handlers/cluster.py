@@ -6,9 +6,8 @@ from typing import Any
 
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
-from strom.protocol.messages import build
+from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, build
 
-AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 BROKERS_ENDPOINT_TYPE = 1
 
 

@@ -7,7 +7,6 @@ partition appears in every response.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from strom.broker.dispatcher import RequestContext
@@ -15,16 +14,6 @@ from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import FetchRequestPartition, FetchResult
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
-
-ZERO_UUID = uuid.UUID(int=0)
-
-
-def _leader_epoch_error(current_leader_epoch: int, leader_epoch: int) -> ErrorCode | None:
-    if current_leader_epoch < 0 or current_leader_epoch == leader_epoch:
-        return None
-    if current_leader_epoch > leader_epoch:
-        return ErrorCode.unknown_leader_epoch
-    return ErrorCode.fenced_leader_epoch
 
 
 async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
@@ -59,7 +48,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
             if partition is None:
                 errors[tp] = FetchResult(unknown)
                 continue
-            epoch_error = _leader_epoch_error(getattr(p, "current_leader_epoch", -1), partition.leader_epoch)
+            epoch_error = partition.leader_epoch_error(getattr(p, "current_leader_epoch", -1))
             if epoch_error is not None:
                 errors[tp] = FetchResult(epoch_error)
                 continue

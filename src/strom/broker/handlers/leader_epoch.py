@@ -21,12 +21,8 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
             current = p.current_leader_epoch
             if partition is None:
                 error = ErrorCode.unknown_topic_or_partition
-            elif current >= 0 and current != partition.leader_epoch:
-                error = (
-                    ErrorCode.fenced_leader_epoch
-                    if current < partition.leader_epoch
-                    else ErrorCode.unknown_leader_epoch
-                )
+            elif (epoch_error := partition.leader_epoch_error(current)) is not None:
+                error = epoch_error
             else:
                 epoch, end_offset = partition.log.leader_epoch_cache.end_offset_for(p.leader_epoch)
                 if epoch == partition.leader_epoch:

@@ -30,12 +30,8 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
             current_epoch = getattr(p, "current_leader_epoch", -1)
             if partition is None:
                 error = ErrorCode.unknown_topic_or_partition
-            elif current_epoch >= 0 and current_epoch != partition.leader_epoch:
-                error = (
-                    ErrorCode.fenced_leader_epoch
-                    if current_epoch < partition.leader_epoch
-                    else ErrorCode.unknown_leader_epoch
-                )
+            elif (epoch_error := partition.leader_epoch_error(current_epoch)) is not None:
+                error = epoch_error
             elif p.timestamp == LATEST_TIMESTAMP:
                 offset = partition.last_stable_offset if read_committed else partition.high_watermark
                 latest = partition.log.leader_epoch_cache.latest_epoch

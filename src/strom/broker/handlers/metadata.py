@@ -9,11 +9,7 @@ from strom.broker.cluster.local import InvalidTopicError, validate_topic_name
 from strom.broker.cluster.metadata import TopicState
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
-from strom.protocol.messages import build
-
-# Kafka's sentinel for "authorized operations not requested".
-AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
-ZERO_UUID = uuid.UUID(int=0)
+from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, ZERO_UUID, build
 
 
 def broker_entities(ctx: RequestContext, entity_type: type[Any]) -> tuple[Any, ...]:

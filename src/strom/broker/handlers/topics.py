@@ -9,10 +9,8 @@ from typing import Any
 from strom.broker.cluster.local import InvalidTopicError, validate_topic_name
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
-from strom.protocol.messages import build
+from strom.protocol.messages import ZERO_UUID, build
 from strom.storage.log_config import InvalidConfigError, LogConfig, describe_topic_config
-
-ZERO_UUID = uuid.UUID(int=0)
 
 
 class TopicRequestError(Exception):
