@@ -10,7 +10,6 @@ timestamps, takes one set of headers per run, and splits input on newlines and a
 from __future__ import annotations
 
 import asyncio
-import datetime
 import queue
 import shutil
 import subprocess
@@ -28,7 +27,6 @@ from confluent_kafka import TopicPartition as CKPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v12 import request as fetch12
 
 from kafka_wire import KafkaWire
 from strom.records.codec import RecordBatch, decode_batches
@@ -107,38 +105,10 @@ def delete_records_before(bootstrap: str, topic: str, partition: int, offset: in
 
 def fetch_batches(bootstrap: str, topic: str, partition: int = 0, offset: int = 0) -> list[RecordBatch]:
     """The partition's stored batches from offset on, by a raw Fetch v12, decoded by Strom's codec."""
-    host, port = bootstrap.split(":")
     batches: list[RecordBatch] = []
-    with KafkaWire(host, int(port)) as wire:
+    with KafkaWire.connect(bootstrap) as wire:
         while True:
-            request = fetch12.FetchRequest(
-                replica_id=-1,
-                max_wait=datetime.timedelta(milliseconds=10),
-                min_bytes=1,
-                max_bytes=16 << 20,
-                isolation_level=0,
-                session_id=0,
-                session_epoch=-1,
-                topics=(
-                    fetch12.FetchTopic(
-                        topic=topic,
-                        partitions=(
-                            fetch12.FetchPartition(
-                                partition=partition,
-                                current_leader_epoch=-1,
-                                fetch_offset=offset,
-                                last_fetched_epoch=-1,
-                                log_start_offset=-1,
-                                partition_max_bytes=8 << 20,
-                            ),
-                        ),
-                    ),
-                ),
-                forgotten_topics_data=(),
-                rack_id="",
-            )
-            response = wire.request(request)
-            (data,) = response.responses[0].partitions
+            data = wire.fetch(topic, offset, partition=partition, max_bytes=8 << 20, max_wait_ms=10)
             assert data.error_code == ErrorCode.none, data.error_code
             new = decode_batches(data.records or b"")
             if not new:

@@ -22,9 +22,7 @@ from confluent_kafka.admin import (
 from kio.schema.create_topics.v7 import request as create_topics7
 from kio.schema.delete_topics.v6 import request as delete_topics6
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.offset_for_leader_epoch.v4 import request as ofle4
-from kio.schema.produce.v9 import request as produce9
 
 from brokerproc import BrokerProcess
 from kafka_wire import KafkaWire
@@ -42,8 +40,7 @@ def admin(bootstrap: str) -> AdminClient:
 
 @pytest.fixture()
 def wire(broker: BrokerProcess) -> Iterator[KafkaWire]:
-    host, port = broker.bootstrap.split(":")
-    with KafkaWire(host, int(port)) as conn:
+    with KafkaWire.connect(broker.bootstrap) as conn:
         yield conn
 
 
@@ -69,55 +66,6 @@ def produce_values(bootstrap: str, topic: str, values: list[bytes], **config: ob
     for value in values:
         producer.produce(topic, value=value)
     assert producer.flush(10) == 0
-
-
-def raw_produce(wire: KafkaWire, topic: str, records: bytes, partition: int = 0) -> object:
-    response = wire.request(
-        produce9.ProduceRequest(
-            transactional_id=None,
-            acks=-1,
-            timeout=TIMEOUT,
-            topic_data=(
-                produce9.TopicProduceData(
-                    name=topic,
-                    partition_data=(produce9.PartitionProduceData(index=partition, records=records),),
-                ),
-            ),
-        )
-    )
-    return response.responses[0].partition_responses[0]
-
-
-def raw_fetch(wire: KafkaWire, topic: str, offset: int) -> object:
-    response = wire.request(
-        fetch12.FetchRequest(
-            replica_id=-1,
-            max_wait=datetime.timedelta(milliseconds=10),
-            min_bytes=1,
-            max_bytes=1 << 20,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=(
-                fetch12.FetchTopic(
-                    topic=topic,
-                    partitions=(
-                        fetch12.FetchPartition(
-                            partition=0,
-                            current_leader_epoch=-1,
-                            fetch_offset=offset,
-                            last_fetched_epoch=-1,
-                            log_start_offset=-1,
-                            partition_max_bytes=1 << 20,
-                        ),
-                    ),
-                ),
-            ),
-            forgotten_topics_data=(),
-            rack_id="",
-        )
-    )
-    return response.responses[0].partitions[0]
 
 
 # -- CreateTopics ---------------------------------------------------------------------------------
@@ -329,7 +277,7 @@ def test_broker_configs_are_static(admin: AdminClient) -> None:
 def test_topic_compression_type_recompresses(admin: AdminClient, bootstrap: str, wire: KafkaWire) -> None:
     create(admin, NewTopic("gzipped", num_partitions=1, config={"compression.type": "gzip"}))
     produce_values(bootstrap, "gzipped", [b"a" * 100, b"b" * 100], **{"compression.type": "lz4"})
-    data = raw_fetch(wire, "gzipped", 0)
+    data = wire.fetch("gzipped", 0, max_wait_ms=10)
     batches = decode_batches(data.records)
     assert {b.header.compression for b in batches} == {1}  # gzip
     assert [r.value for b in batches for r in b.records] == [b"a" * 100, b"b" * 100]
@@ -339,11 +287,13 @@ def test_log_append_time(admin: AdminClient, bootstrap: str, wire: KafkaWire) ->
     create(admin, NewTopic("appended", num_partitions=1, config={"message.timestamp.type": "LogAppendTime"}))
     before = int(time.time() * 1000)
     old = before - 86_400_000
-    produced = raw_produce(wire, "appended", encode_batch([RecordSpec(key=None, value=b"x", timestamp=old)]))
+    produced = wire.produce(
+        "appended", encode_batch([RecordSpec(key=None, value=b"x", timestamp=old)]), acks=-1
+    )
     assert produced.error_code == ErrorCode.none
     appended_at = int(produced.log_append_time.timestamp() * 1000)
     assert before - 1000 <= appended_at <= int(time.time() * 1000) + 1000
-    batch = decode_batches(raw_fetch(wire, "appended", 0).records)[0]
+    batch = decode_batches(wire.fetch("appended", 0, max_wait_ms=10).records)[0]
     assert batch.header.timestamp_type == TimestampType.LOG_APPEND_TIME
     assert batch.records[0].timestamp == appended_at
 
@@ -351,9 +301,9 @@ def test_log_append_time(admin: AdminClient, bootstrap: str, wire: KafkaWire) ->
 def test_max_message_bytes_per_topic(admin: AdminClient, wire: KafkaWire) -> None:
     create(admin, NewTopic("small-messages", num_partitions=1, config={"max.message.bytes": "200"}))
     big = encode_batch([RecordSpec(key=None, value=b"x" * 500)])
-    assert raw_produce(wire, "small-messages", big).error_code == ErrorCode.message_too_large
+    assert wire.produce("small-messages", big, acks=-1).error_code == ErrorCode.message_too_large
     small = encode_batch([RecordSpec(key=None, value=b"x" * 10)])
-    assert raw_produce(wire, "small-messages", small).error_code == ErrorCode.none
+    assert wire.produce("small-messages", small, acks=-1).error_code == ErrorCode.none
 
 
 # -- DeleteRecords, ListOffsets, DescribeCluster, OffsetForLeaderEpoch ------------------------------
@@ -429,15 +379,17 @@ def test_idempotent_sequences(admin: AdminClient, wire: KafkaWire) -> None:
         specs = [RecordSpec(key=None, value=b"%d" % (seq + i)) for i in range(n)]
         return encode_batch(specs, producer_id=4242, producer_epoch=epoch, base_sequence=seq)
 
-    first = raw_produce(wire, "sequenced", batch(0))
+    first = wire.produce("sequenced", batch(0), acks=-1)
     assert (first.error_code, first.base_offset) == (ErrorCode.none, 0)
-    assert raw_produce(wire, "sequenced", batch(2)).base_offset == 2
-    duplicate = raw_produce(wire, "sequenced", batch(0))
+    assert wire.produce("sequenced", batch(2), acks=-1).base_offset == 2
+    duplicate = wire.produce("sequenced", batch(0), acks=-1)
     assert (duplicate.error_code, duplicate.base_offset) == (ErrorCode.none, 0)
-    assert raw_produce(wire, "sequenced", batch(7)).error_code == ErrorCode.out_of_order_sequence_number
-    assert raw_produce(wire, "sequenced", batch(0, epoch=1)).base_offset == 4
-    assert raw_produce(wire, "sequenced", batch(4, epoch=0)).error_code == ErrorCode.invalid_producer_epoch
-    assert raw_fetch(wire, "sequenced", 0).high_watermark == 6
+    assert wire.produce("sequenced", batch(7), acks=-1).error_code == ErrorCode.out_of_order_sequence_number
+    assert wire.produce("sequenced", batch(0, epoch=1), acks=-1).base_offset == 4
+    assert (
+        wire.produce("sequenced", batch(4, epoch=0), acks=-1).error_code == ErrorCode.invalid_producer_epoch
+    )
+    assert wire.fetch("sequenced", 0, max_wait_ms=10).high_watermark == 6
 
 
 # -- Errors of the data path ----------------------------------------------------------------------------
@@ -447,7 +399,7 @@ def test_produce_to_unknown_partition(admin: AdminClient, wire: KafkaWire) -> No
     create(admin, NewTopic("one-partition", num_partitions=1))
     batch = encode_batch([RecordSpec(key=None, value=b"x")])
     assert (
-        raw_produce(wire, "one-partition", batch, partition=3).error_code
+        wire.produce("one-partition", batch, partition=3, acks=-1).error_code
         == ErrorCode.unknown_topic_or_partition
     )
 
@@ -455,5 +407,7 @@ def test_produce_to_unknown_partition(admin: AdminClient, wire: KafkaWire) -> No
 def test_fetch_out_of_range(admin: AdminClient, bootstrap: str, wire: KafkaWire) -> None:
     create(admin, NewTopic("ranged", num_partitions=1))
     produce_values(bootstrap, "ranged", [b"only"])
-    assert raw_fetch(wire, "ranged", 5).error_code == ErrorCode.offset_out_of_range
-    assert raw_fetch(wire, "ranged", 1).error_code == ErrorCode.none  # at the LEO: empty, not an error
+    assert wire.fetch("ranged", 5, max_wait_ms=10).error_code == ErrorCode.offset_out_of_range
+    assert (
+        wire.fetch("ranged", 1, max_wait_ms=10).error_code == ErrorCode.none
+    )  # at the LEO: empty, not an error

@@ -11,28 +11,18 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 from kio.schema.alter_configs.v2 import request as alter_configs2
-from kio.schema.create_topics.v7 import request as create_topics7
-from kio.schema.delete_records.v2 import request as delete_records2
 from kio.schema.describe_configs.v4 import request as describe_configs4
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v12 import request as fetch12
-from kio.schema.incremental_alter_configs.v1 import request as incremental_alter_configs1
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
-from kio.schema.list_offsets.v7 import request as list_offsets7
-from kio.schema.produce.v9 import request as produce9
 
 from brokerproc import BrokerProcess
-from kafka_wire import KafkaWire
+from kafka_wire import EARLIEST, LATEST, TOPIC_RESOURCE, KafkaWire
 from strom.records.codec import Record, RecordSpec, decode_batches, encode_batch
 
-TIMEOUT = datetime.timedelta(seconds=5)
-LATEST, EARLIEST = -1, -2
-TOPIC_RESOURCE, SET = 2, 0
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 # How long the producer runs before the crash, and after the restart in the idempotent test.
 PRODUCE_SECONDS = 1.5
@@ -46,90 +36,10 @@ def running_broker(broker: BrokerProcess) -> BrokerProcess:
     return broker
 
 
-def wire_to(broker: BrokerProcess) -> KafkaWire:
-    host, port = broker.bootstrap.split(":")
-    return KafkaWire(host, int(port))
-
-
 @pytest.fixture()
 def wire(broker: BrokerProcess) -> Iterator[KafkaWire]:
-    with wire_to(broker) as conn:
+    with KafkaWire.connect(broker.bootstrap) as conn:
         yield conn
-
-
-def create_topic(wire: KafkaWire, name: str) -> None:
-    response = wire.request(
-        create_topics7.CreateTopicsRequest(
-            topics=(
-                create_topics7.CreatableTopic(
-                    name=name, num_partitions=1, replication_factor=1, assignments=(), configs=()
-                ),
-            ),
-            timeout=TIMEOUT,
-        )
-    )
-    assert response.topics[0].error_code == ErrorCode.none, response
-
-
-def produce(wire: KafkaWire, topic: str, records: bytes) -> Any:
-    response = wire.request(
-        produce9.ProduceRequest(
-            transactional_id=None,
-            acks=1,
-            timeout=TIMEOUT,
-            topic_data=(
-                produce9.TopicProduceData(
-                    name=topic, partition_data=(produce9.PartitionProduceData(index=0, records=records),)
-                ),
-            ),
-        )
-    )
-    return response.responses[0].partition_responses[0]
-
-
-def produce_ok(wire: KafkaWire, topic: str, records: bytes) -> int:
-    result = produce(wire, topic, records)
-    assert result.error_code == ErrorCode.none, result
-    offset: int = result.base_offset
-    return offset
-
-
-def fetch(wire: KafkaWire, topic: str, offset: int, max_bytes: int = 1 << 20) -> Any:
-    response = wire.request(
-        fetch12.FetchRequest(
-            max_wait=datetime.timedelta(milliseconds=0),
-            min_bytes=1,
-            topics=(
-                fetch12.FetchTopic(
-                    topic=topic,
-                    partitions=(
-                        fetch12.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=max_bytes),
-                    ),
-                ),
-            ),
-            forgotten_topics_data=(),
-        )
-    )
-    return response.responses[0].partitions[0]
-
-
-def list_offset(wire: KafkaWire, topic: str, timestamp: int) -> int:
-    response = wire.request(
-        list_offsets7.ListOffsetsRequest(
-            replica_id=-1,
-            isolation_level=0,
-            topics=(
-                list_offsets7.ListOffsetsTopic(
-                    name=topic,
-                    partitions=(list_offsets7.ListOffsetsPartition(partition_index=0, timestamp=timestamp),),
-                ),
-            ),
-        )
-    )
-    result = response.topics[0].partitions[0]
-    assert result.error_code == ErrorCode.none, result
-    offset: int = result.offset
-    return offset
 
 
 def read_all(wire: KafkaWire, topic: str, start: int, end: int) -> list[Record]:
@@ -137,7 +47,7 @@ def read_all(wire: KafkaWire, topic: str, start: int, end: int) -> list[Record]:
     records: list[Record] = []
     position = start
     while position < end:
-        data = fetch(wire, topic, position)
+        data = wire.fetch(topic, position)
         assert data.error_code == ErrorCode.none, (position, data.error_code)
         assert data.records, f"empty fetch at {position} below the end {end}"
         batch_records = [r for b in decode_batches(data.records) for r in b.records]
@@ -230,7 +140,7 @@ def test_acknowledged_records_survive_kill9_with_dense_offsets(
     broker: BrokerProcess, wire: KafkaWire
 ) -> None:
     topic = "crash-acks1"
-    create_topic(wire, topic)
+    assert wire.create_topic(topic) == ErrorCode.none
     producer = NumberedProducer(broker.bootstrap, topic, idempotent=False, purge=True)
     producer.start()
     time.sleep(PRODUCE_SECONDS)
@@ -242,19 +152,19 @@ def test_acknowledged_records_survive_kill9_with_dense_offsets(
     assert {n: o for n, o in acked.items() if n != o} == {}
 
     broker.start()
-    with wire_to(broker) as fresh:
-        end = list_offset(fresh, topic, LATEST)
+    with KafkaWire.connect(broker.bootstrap) as fresh:
+        end = fresh.list_offset(topic, LATEST)
         # Every acknowledged record survived; what lies beyond was in flight at the crash.
         assert max(acked) < end <= producer.sent
         assert_log_holds_numbers(read_all(fresh, topic, 0, end), end)
-        assert list_offset(fresh, topic, EARLIEST) == 0
-        assert produce_ok(fresh, topic, encode_batch([RecordSpec(key=b"after", value=b"crash")])) == end
+        assert fresh.list_offset(topic, EARLIEST) == 0
+        assert fresh.produce_ok(topic, encode_batch([RecordSpec(key=b"after", value=b"crash")])) == end
 
 
 def test_idempotent_producer_across_kill9_writes_each_record_exactly_once(broker: BrokerProcess) -> None:
     topic = "crash-idempotent"
-    with wire_to(broker) as wire:
-        create_topic(wire, topic)
+    with KafkaWire.connect(broker.bootstrap) as wire:
+        assert wire.create_topic(topic) == ErrorCode.none
     producer = NumberedProducer(broker.bootstrap, topic, idempotent=True, purge=False)
     producer.start()
     time.sleep(PRODUCE_SECONDS)
@@ -265,8 +175,8 @@ def test_idempotent_producer_across_kill9_writes_each_record_exactly_once(broker
     assert producer.failed == {}
     assert sorted(producer.acked) == list(range(producer.sent))
     assert {n: o for n, o in producer.acked.items() if n != o} == {}
-    with wire_to(broker) as wire:
-        assert list_offset(wire, topic, LATEST) == producer.sent
+    with KafkaWire.connect(broker.bootstrap) as wire:
+        assert wire.list_offset(topic, LATEST) == producer.sent
         assert_log_holds_numbers(read_all(wire, topic, 0, producer.sent), producer.sent)
 
 
@@ -300,9 +210,9 @@ def test_damaged_segment_tail_is_recovered_to_the_last_valid_batch(
     batches = [
         encode_batch([RecordSpec(key=b"k", value=b"b%d-r%d" % (i, j)) for j in range(4)]) for i in range(5)
     ]
-    with wire_to(broker) as wire:
-        create_topic(wire, topic)
-        assert [produce_ok(wire, topic, b) for b in batches] == [0, 4, 8, 12, 16]
+    with KafkaWire.connect(broker.bootstrap) as wire:
+        assert wire.create_topic(topic) == ErrorCode.none
+        assert [wire.produce_ok(topic, b) for b in batches] == [0, 4, 8, 12, 16]
     broker.kill9()
     assert not (broker.data_dir / CLEAN_SHUTDOWN_FILE).exists()
 
@@ -315,20 +225,20 @@ def test_damaged_segment_tail_is_recovered_to_the_last_valid_batch(
     end = 4 * valid
 
     broker.start()
-    with wire_to(broker) as wire:
-        assert list_offset(wire, topic, LATEST) == end
+    with KafkaWire.connect(broker.bootstrap) as wire:
+        assert wire.list_offset(topic, LATEST) == end
         expected = [b"b%d-r%d" % (i, j) for i in range(valid) for j in range(4)]
         assert [r.value for r in read_all(wire, topic, 0, end)] == expected
-        at_end = fetch(wire, topic, end)
+        at_end = wire.fetch(topic, end)
         assert at_end.error_code == ErrorCode.none and not at_end.records
         new = encode_batch([RecordSpec(key=b"k", value=b"new-r%d" % j) for j in range(4)])
-        assert produce_ok(wire, topic, new) == end
+        assert wire.produce_ok(topic, new) == end
         # The new batch follows the last valid one directly: nothing of the damage is left between.
         assert segment.stat().st_size == sum(map(len, batches[:valid])) + len(new)
 
     broker.restart(crash=True)
-    with wire_to(broker) as wire:
-        assert list_offset(wire, topic, LATEST) == end + 4
+    with KafkaWire.connect(broker.bootstrap) as wire:
+        assert wire.list_offset(topic, LATEST) == end + 4
         records = read_all(wire, topic, 0, end + 4)
         assert [r.offset for r in records] == list(range(end + 4))
         assert [r.value for r in records] == expected + [b"new-r%d" % j for j in range(4)]
@@ -339,23 +249,12 @@ def test_kill9_with_several_segments_recovers_the_newest_and_rebuilds_its_indexe
 ) -> None:
     topic = "several-segments"
     # Roughly ten 100 kB batches fill a 1 MiB segment (the smallest segment.bytes Kafka 4 allows).
-    response = wire.request(
-        create_topics7.CreateTopicsRequest(
-            topics=(
-                create_topics7.CreatableTopic(
-                    name=topic, num_partitions=1, replication_factor=1, assignments=(),
-                    configs=(create_topics7.CreatableTopicConfig(name="segment.bytes", value=str(1 << 20)),),
-                ),
-            ),
-            timeout=TIMEOUT,
-        )
-    )
-    assert response.topics[0].error_code == ErrorCode.none, response
+    assert wire.create_topic(topic, configs={"segment.bytes": str(1 << 20)}) == ErrorCode.none
     base_timestamp = int(time.time() * 1000) - 60_000
     count = 25
     for i in range(count):
         record = RecordSpec(key=b"%d" % i, value=bytes([65 + i]) * 100_000, timestamp=base_timestamp + 10 * i)
-        assert produce_ok(wire, topic, encode_batch([record])) == i
+        assert wire.produce_ok(topic, encode_batch([record])) == i
     broker.kill9()
 
     segments = segment_files(broker, topic)
@@ -369,14 +268,18 @@ def test_kill9_with_several_segments_recovers_the_newest_and_rebuilds_its_indexe
     end = count - 1
 
     broker.start()
-    with wire_to(broker) as fresh:
-        assert list_offset(fresh, topic, LATEST) == end
+    with KafkaWire.connect(broker.bootstrap) as fresh:
+        assert fresh.list_offset(topic, LATEST) == end
         for i in range(end):
             # max_bytes=1 still returns the first batch whole: exactly the one at offset i.
-            records = [r for b in decode_batches(fetch(fresh, topic, i, max_bytes=1).records) for r in b.records]
-            assert [(r.offset, r.key, r.value) for r in records] == [(i, b"%d" % i, bytes([65 + i]) * 100_000)]
-            assert list_offset(fresh, topic, base_timestamp + 10 * i - 5) == i
-        assert produce_ok(fresh, topic, encode_batch([RecordSpec(key=None, value=b"new")])) == end
+            records = [
+                r for b in decode_batches(fresh.fetch(topic, i, max_bytes=1).records) for r in b.records
+            ]
+            assert [(r.offset, r.key, r.value) for r in records] == [
+                (i, b"%d" % i, bytes([65 + i]) * 100_000)
+            ]
+            assert fresh.list_offset(topic, base_timestamp + 10 * i - 5) == i
+        assert fresh.produce_ok(topic, encode_batch([RecordSpec(key=None, value=b"new")])) == end
 
 
 def alter_configs(wire: KafkaWire, topic: str, configs: dict[str, str]) -> None:
@@ -389,25 +292,6 @@ def alter_configs(wire: KafkaWire, topic: str, configs: dict[str, str]) -> None:
                     resource_name=topic,
                     configs=tuple(
                         alter_configs2.AlterableConfig(name=k, value=v) for k, v in configs.items()
-                    ),
-                ),
-            ),
-            validate_only=False,
-        )
-    )
-    assert response.responses[0].error_code == ErrorCode.none, response
-
-
-def incremental_alter_configs(wire: KafkaWire, topic: str, configs: dict[str, str]) -> None:
-    response = wire.request(
-        incremental_alter_configs1.IncrementalAlterConfigsRequest(
-            resources=(
-                incremental_alter_configs1.AlterConfigsResource(
-                    resource_type=TOPIC_RESOURCE,
-                    resource_name=topic,
-                    configs=tuple(
-                        incremental_alter_configs1.AlterableConfig(name=k, config_operation=SET, value=v)
-                        for k, v in configs.items()
                     ),
                 ),
             ),
@@ -432,22 +316,6 @@ def topic_configs(wire: KafkaWire, topic: str, names: tuple[str, ...]) -> dict[s
     return {c.name: c.value for c in result.configs}
 
 
-def delete_records(wire: KafkaWire, topic: str, offset: int) -> tuple[int, int]:
-    response = wire.request(
-        delete_records2.DeleteRecordsRequest(
-            topics=(
-                delete_records2.DeleteRecordsTopic(
-                    name=topic,
-                    partitions=(delete_records2.DeleteRecordsPartition(partition_index=0, offset=offset),),
-                ),
-            ),
-            timeout=TIMEOUT,
-        )
-    )
-    result = response.topics[0].partitions[0]
-    return result.error_code, result.low_watermark
-
-
 def wait_for_checkpoint(path: Path, line: str, timeout: float = 10.0) -> None:
     # Kafka writes log start offsets to disk asynchronously, once per checkpoint interval.
     deadline = time.monotonic() + timeout
@@ -467,11 +335,14 @@ def test_delete_records_configs_and_producer_state_survive_restart(
         records = [RecordSpec(key=None, value=b"seq-%d" % (sequence + i)) for i in range(count)]
         return encode_batch(records, producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
 
-    with wire_to(broker) as wire:
-        create_topic(wire, topic)
+    with KafkaWire.connect(broker.bootstrap) as wire:
+        assert wire.create_topic(topic) == ErrorCode.none
         legacy = {k: altered[k] for k in ("retention.ms", "segment.ms")}
         alter_configs(wire, topic, legacy)
-        incremental_alter_configs(wire, topic, {"max.message.bytes": altered["max.message.bytes"]})
+        assert (
+            wire.incremental_alter_configs(topic, {"max.message.bytes": altered["max.message.bytes"]})
+            == ErrorCode.none
+        )
         assert topic_configs(wire, topic, tuple(altered)) == altered
 
         init = wire.request(
@@ -479,10 +350,10 @@ def test_delete_records_configs_and_producer_state_survive_restart(
         )
         assert init.error_code == ErrorCode.none
         pid, epoch = init.producer_id, init.producer_epoch
-        assert produce_ok(wire, topic, idempotent_batch(0, 3)) == 0
+        assert wire.produce_ok(topic, idempotent_batch(0, 3)) == 0
         last_batch = idempotent_batch(3, 3)
-        assert produce_ok(wire, topic, last_batch) == 3
-        assert delete_records(wire, topic, 2) == (ErrorCode.none, 2)
+        assert wire.produce_ok(topic, last_batch) == 3
+        assert wire.delete_records(topic, 2) == (ErrorCode.none, 2)
     wait_for_checkpoint(broker.data_dir / "log-start-offset-checkpoint", f"{topic} 0 2")
 
     if shutdown == "sigterm":
@@ -493,19 +364,19 @@ def test_delete_records_configs_and_producer_state_survive_restart(
         assert not (broker.data_dir / CLEAN_SHUTDOWN_FILE).exists()
     broker.start()
 
-    with wire_to(broker) as wire:
+    with KafkaWire.connect(broker.bootstrap) as wire:
         assert topic_configs(wire, topic, tuple(altered)) == altered
-        assert (list_offset(wire, topic, EARLIEST), list_offset(wire, topic, LATEST)) == (2, 6)
-        assert fetch(wire, topic, 1).error_code == ErrorCode.offset_out_of_range
+        assert (wire.list_offset(topic, EARLIEST), wire.list_offset(topic, LATEST)) == (2, 6)
+        assert wire.fetch(topic, 1).error_code == ErrorCode.offset_out_of_range
 
         # A retry of the last batch is a duplicate: acknowledged with its original offset, not appended.
-        retry = produce(wire, topic, last_batch)
+        retry = wire.produce(topic, last_batch)
         assert (retry.error_code, retry.base_offset) == (ErrorCode.none, 3)
-        assert list_offset(wire, topic, LATEST) == 6
+        assert wire.list_offset(topic, LATEST) == 6
         # The producer's next sequence is 6: a gap is refused.
-        gap = produce(wire, topic, idempotent_batch(10, 1))
+        gap = wire.produce(topic, idempotent_batch(10, 1))
         assert gap.error_code == ErrorCode.out_of_order_sequence_number
-        assert produce_ok(wire, topic, idempotent_batch(6, 2)) == 6
+        assert wire.produce_ok(topic, idempotent_batch(6, 2)) == 6
 
         records = [r for r in read_all(wire, topic, 2, 8) if r.offset >= 2]
         assert [(r.offset, r.value) for r in records] == [(n, b"seq-%d" % n) for n in range(2, 8)]

@@ -7,30 +7,23 @@ the last test checks that it was served without a single error and without long 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import random
 import socket
 import struct
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import crc32c
 import pytest
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
-from kio.schema.create_topics.v7 import request as create_topics7
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v12 import request as fetch12
-from kio.schema.list_offsets.v7 import request as list_offsets7
-from kio.schema.produce.v9 import request as produce9
 
 from brokerproc import BrokerProcess
-from kafka_wire import KafkaWire
+from kafka_wire import LATEST, KafkaWire
 from strom.records import batch as rb
 from strom.records.codec import RecordSpec, decode_batches, encode_batch
 
-TIMEOUT = datetime.timedelta(seconds=5)
 SOCKET_REQUEST_MAX_BYTES = 1 << 20
 BROKER_CONFIG = {"socket.request.max.bytes": str(SOCKET_REQUEST_MAX_BYTES)}
 HEALTHY_TOPIC = "hostile-bystander"
@@ -46,87 +39,6 @@ MALFORMED_BATCH_ERRORS = {ErrorCode.corrupt_message, ErrorCode.invalid_record}
 def host_port(broker: BrokerProcess) -> tuple[str, int]:
     host, port = broker.bootstrap.split(":")
     return host, int(port)
-
-
-def create_topic(wire: KafkaWire, name: str, partitions: int, configs: dict[str, str]) -> None:
-    response = wire.request(
-        create_topics7.CreateTopicsRequest(
-            topics=(
-                create_topics7.CreatableTopic(
-                    name=name,
-                    num_partitions=partitions,
-                    replication_factor=1,
-                    assignments=(),
-                    configs=tuple(
-                        create_topics7.CreatableTopicConfig(name=k, value=v) for k, v in configs.items()
-                    ),
-                ),
-            ),
-            timeout=TIMEOUT,
-        )
-    )
-    assert response.topics[0].error_code == ErrorCode.none, response
-
-
-def produce(wire: KafkaWire, topic: str, batches: dict[int, bytes]) -> dict[int, Any]:
-    """Produce one record set per partition; returns each partition's response."""
-    response = wire.request(
-        produce9.ProduceRequest(
-            transactional_id=None,
-            acks=1,
-            timeout=TIMEOUT,
-            topic_data=(
-                produce9.TopicProduceData(
-                    name=topic,
-                    partition_data=tuple(
-                        produce9.PartitionProduceData(index=p, records=records)
-                        for p, records in batches.items()
-                    ),
-                ),
-            ),
-        )
-    )
-    return {p.index: p for p in response.responses[0].partition_responses}
-
-
-def fetch(wire: KafkaWire, topic: str, offset: int, partition: int = 0) -> Any:
-    response = wire.request(
-        fetch12.FetchRequest(
-            max_wait=datetime.timedelta(milliseconds=0),
-            min_bytes=1,
-            topics=(
-                fetch12.FetchTopic(
-                    topic=topic,
-                    partitions=(
-                        fetch12.FetchPartition(
-                            partition=partition, fetch_offset=offset, partition_max_bytes=1 << 20
-                        ),
-                    ),
-                ),
-            ),
-            forgotten_topics_data=(),
-        )
-    )
-    return response.responses[0].partitions[0]
-
-
-def log_end_offset(wire: KafkaWire, topic: str, partition: int = 0) -> int:
-    response = wire.request(
-        list_offsets7.ListOffsetsRequest(
-            replica_id=-1,
-            isolation_level=0,
-            topics=(
-                list_offsets7.ListOffsetsTopic(
-                    name=topic,
-                    partitions=(list_offsets7.ListOffsetsPartition(partition_index=partition, timestamp=-1),),
-                ),
-            ),
-        )
-    )
-    result = response.topics[0].partitions[0]
-    assert result.error_code == ErrorCode.none, result
-    offset: int = result.offset
-    return offset
 
 
 def with_fixed_crc(data: bytearray) -> bytes:
@@ -197,11 +109,11 @@ class HealthyClient(threading.Thread):
     def _round(self, wire: KafkaWire) -> None:
         value = f"healthy-{self.rounds}".encode()
         started = time.monotonic()
-        produced = produce(wire, HEALTHY_TOPIC, {0: encode_batch([RecordSpec(key=b"h", value=value)])})[0]
+        produced = wire.produce(HEALTHY_TOPIC, encode_batch([RecordSpec(key=b"h", value=value)]))
         if produced.error_code != ErrorCode.none:
             self.errors.append(f"round {self.rounds}: produce error {produced.error_code}")
             return
-        fetched = fetch(wire, HEALTHY_TOPIC, produced.base_offset)
+        fetched = wire.fetch(HEALTHY_TOPIC, produced.base_offset)
         self.slowest_round_trip = max(self.slowest_round_trip, time.monotonic() - started)
         if fetched.error_code != ErrorCode.none or not fetched.records:
             self.errors.append(f"round {self.rounds}: fetch error {fetched.error_code}")
@@ -220,8 +132,13 @@ def address(broker: BrokerProcess) -> tuple[str, int]:
 @pytest.fixture(scope="module", autouse=True)
 def healthy_client(address: tuple[str, int]) -> Iterator[HealthyClient]:
     with KafkaWire(*address) as wire:
-        create_topic(wire, HEALTHY_TOPIC, 1, {})
-        create_topic(wire, TARGET_TOPIC, 2, {"max.message.bytes": str(MAX_MESSAGE_BYTES)})
+        assert wire.create_topic(HEALTHY_TOPIC) == ErrorCode.none
+        assert (
+            wire.create_topic(
+                TARGET_TOPIC, partitions=2, configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+            )
+            == ErrorCode.none
+        )
     client = HealthyClient(*address)
     client.start()
     yield client
@@ -258,25 +175,25 @@ def good_batch(value: bytes = b"good") -> bytes:
 def test_bad_crc_fails_only_its_partition_and_keeps_the_connection(wire: KafkaWire) -> None:
     bad = bytearray(good_batch(b"checksummed"))
     bad[-2] ^= 0x5A  # a value byte: inside the CRC'd range
-    end_before = log_end_offset(wire, TARGET_TOPIC, 0)
-    results = produce(wire, TARGET_TOPIC, {0: bytes(bad), 1: good_batch()})
+    end_before = wire.list_offset(TARGET_TOPIC, LATEST)
+    results = wire.produce_partitions(TARGET_TOPIC, {0: bytes(bad), 1: good_batch()})
     assert results[0].error_code == ErrorCode.corrupt_message
     assert results[1].error_code == ErrorCode.none
-    assert log_end_offset(wire, TARGET_TOPIC, 0) == end_before
+    assert wire.list_offset(TARGET_TOPIC, LATEST) == end_before
     # The same connection serves a normal produce next.
-    again = produce(wire, TARGET_TOPIC, {0: good_batch()})[0]
+    again = wire.produce(TARGET_TOPIC, good_batch())
     assert (again.error_code, again.base_offset) == (ErrorCode.none, end_before)
 
 
 def test_batch_above_max_message_bytes_is_refused(wire: KafkaWire) -> None:
-    end_before = log_end_offset(wire, TARGET_TOPIC, 0)
+    end_before = wire.list_offset(TARGET_TOPIC, LATEST)
     oversized = good_batch(b"x" * (MAX_MESSAGE_BYTES + 100))
-    assert produce(wire, TARGET_TOPIC, {0: oversized})[0].error_code == ErrorCode.message_too_large
-    assert log_end_offset(wire, TARGET_TOPIC, 0) == end_before
+    assert wire.produce(TARGET_TOPIC, oversized).error_code == ErrorCode.message_too_large
+    assert wire.list_offset(TARGET_TOPIC, LATEST) == end_before
     # Just under the limit is fine, on the same connection.
     fitting = good_batch(b"x" * (MAX_MESSAGE_BYTES - 200))
     assert len(fitting) <= MAX_MESSAGE_BYTES
-    accepted = produce(wire, TARGET_TOPIC, {0: fitting})[0]
+    accepted = wire.produce(TARGET_TOPIC, fitting)
     assert (accepted.error_code, accepted.base_offset) == (ErrorCode.none, end_before)
 
 
@@ -315,13 +232,13 @@ MALFORMED_BATCHES = {
 
 @pytest.mark.parametrize("case", list(MALFORMED_BATCHES))
 def test_malformed_batch_gets_an_error_and_the_connection_stays_open(wire: KafkaWire, case: str) -> None:
-    end_before = log_end_offset(wire, TARGET_TOPIC, 0)
-    result = produce(wire, TARGET_TOPIC, {0: MALFORMED_BATCHES[case]()})[0]
+    end_before = wire.list_offset(TARGET_TOPIC, LATEST)
+    result = wire.produce(TARGET_TOPIC, MALFORMED_BATCHES[case]())
     assert result.error_code in MALFORMED_BATCH_ERRORS, result
-    assert log_end_offset(wire, TARGET_TOPIC, 0) == end_before
-    accepted = produce(wire, TARGET_TOPIC, {0: good_batch()})[0]
+    assert wire.list_offset(TARGET_TOPIC, LATEST) == end_before
+    accepted = wire.produce(TARGET_TOPIC, good_batch())
     assert (accepted.error_code, accepted.base_offset) == (ErrorCode.none, end_before)
-    fetched = fetch(wire, TARGET_TOPIC, end_before)
+    fetched = wire.fetch(TARGET_TOPIC, end_before)
     assert [r.value for b in decode_batches(fetched.records) for r in b.records] == [b"good"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import struct
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
@@ -12,52 +13,21 @@ from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersions
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v13 import request as fetch13
 from kio.schema.init_producer_id.v0.request import InitProducerIdRequest
-from kio.schema.metadata.v12 import request as metadata12
 from kio.schema.produce.v9 import request as produce9
 from kio.schema.produce.v13 import request as produce13
 
 from brokerproc import BrokerProcess
-from kafka_wire import KafkaWire
+from kafka_wire import ZERO_UUID, KafkaWire, produce_request
 from strom.protocol.apis import SUPPORTED_VERSIONS, ApiKey
 from strom.records.codec import RecordSpec, decode_batches, encode_batch
 
-ZERO_UUID = uuid.UUID(int=0)
 TIMEOUT = datetime.timedelta(seconds=5)
 
 
-def host_port(broker: BrokerProcess) -> tuple[str, int]:
-    host, port = broker.bootstrap.split(":")
-    return host, int(port)
-
-
 @pytest.fixture()
-def wire(broker: BrokerProcess) -> KafkaWire:
-    conn = KafkaWire(*host_port(broker))
-    yield conn
-    conn.close()
-
-
-def metadata(wire: KafkaWire, *names: str) -> object:
-    topics = tuple(metadata12.MetadataRequestTopic(topic_id=ZERO_UUID, name=n) for n in names)
-    return wire.request(
-        metadata12.MetadataRequest(
-            topics=topics, allow_auto_topic_creation=True, include_topic_authorized_operations=False
-        )
-    )
-
-
-def produce(wire: KafkaWire, topic: str, records: bytes, acks: int = 1) -> object:
-    request = produce9.ProduceRequest(
-        transactional_id=None,
-        acks=acks,
-        timeout=TIMEOUT,
-        topic_data=(
-            produce9.TopicProduceData(
-                name=topic, partition_data=(produce9.PartitionProduceData(index=0, records=records),)
-            ),
-        ),
-    )
-    return wire.request(request)
+def wire(broker: BrokerProcess) -> Iterator[KafkaWire]:
+    with KafkaWire.connect(broker.bootstrap) as conn:
+        yield conn
 
 
 def test_api_versions_lists_exactly_the_supported_table(wire: KafkaWire) -> None:
@@ -105,26 +75,14 @@ def test_trailing_bytes_after_a_request_body_are_tolerated(wire: KafkaWire) -> N
 
 
 def test_responses_come_in_request_order(wire: KafkaWire) -> None:
-    metadata(wire, "ordering")
+    wire.metadata("ordering")
     batch = encode_batch([RecordSpec(key=b"k", value=b"v")])
     requests = []
     for i in range(20):
         if i % 2:
             requests.append(ApiVersionsRequestV0())
         else:
-            requests.append(
-                produce9.ProduceRequest(
-                    transactional_id=None,
-                    acks=1,
-                    timeout=TIMEOUT,
-                    topic_data=(
-                        produce9.TopicProduceData(
-                            name="ordering",
-                            partition_data=(produce9.PartitionProduceData(index=0, records=batch),),
-                        ),
-                    ),
-                )
-            )
+            requests.append(produce_request("ordering", {0: batch}))
     ids = [wire.send(r) for r in requests]  # pipelined: all sent before any answer is read
     offsets = []
     for request, correlation_id in zip(requests, ids, strict=True):
@@ -135,39 +93,19 @@ def test_responses_come_in_request_order(wire: KafkaWire) -> None:
 
 
 def test_acks_zero_gets_no_response(wire: KafkaWire) -> None:
-    metadata(wire, "acks0")
+    wire.metadata("acks0")
     batch = encode_batch([RecordSpec(key=None, value=b"fire-and-forget")])
-    request = produce9.ProduceRequest(
-        transactional_id=None,
-        acks=0,
-        timeout=TIMEOUT,
-        topic_data=(
-            produce9.TopicProduceData(
-                name="acks0", partition_data=(produce9.PartitionProduceData(index=0, records=batch),)
-            ),
-        ),
-    )
-    wire.send(request)
+    wire.send(produce_request("acks0", {0: batch}, acks=0))
     # The next answer on the wire must be the ApiVersions one, not a produce response.
     response = wire.request(ApiVersionsRequestV0())
     assert response.error_code == ErrorCode.none
 
 
 def test_failed_acks_zero_produce_closes_the_connection(wire: KafkaWire) -> None:
-    metadata(wire, "acks0-bad")
+    wire.metadata("acks0-bad")
     bad = bytearray(encode_batch([RecordSpec(key=None, value=b"x")]))
     bad[-1] ^= 0xFF  # breaks the CRC
-    request = produce9.ProduceRequest(
-        transactional_id=None,
-        acks=0,
-        timeout=TIMEOUT,
-        topic_data=(
-            produce9.TopicProduceData(
-                name="acks0-bad", partition_data=(produce9.PartitionProduceData(index=0, records=bytes(bad)),)
-            ),
-        ),
-    )
-    wire.send(request)
+    wire.send(produce_request("acks0-bad", {0: bytes(bad)}, acks=0))
     assert wire.is_closed_by_peer()
 
 
@@ -178,7 +116,7 @@ def test_produce_v2_is_advertised_but_refused(wire: KafkaWire) -> None:
 
 
 def test_topic_ids_in_metadata_produce_v13_and_fetch_v13(wire: KafkaWire) -> None:
-    response = metadata(wire, "by-id")
+    response = wire.metadata("by-id")
     topic = response.topics[0]
     assert topic.error_code == ErrorCode.none and topic.topic_id != ZERO_UUID
     batch = encode_batch([RecordSpec(key=b"id", value=b"addressed by topic id")])
