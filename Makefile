@@ -34,6 +34,7 @@ test: $(INSTALLED) system-deps lint
 bench: $(INSTALLED)
 	bash bench/setup.sh
 	$(PYTHON) bench/broker_bench.py --write-results
+	$(PYTHON) bench/idle_connections.py --write-results
 
 clean:
 	rm -rf $(VENV) .cache data
