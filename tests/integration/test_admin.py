@@ -306,6 +306,24 @@ def test_max_message_bytes_per_topic(admin: AdminClient, wire: KafkaWire) -> Non
     assert wire.produce("small-messages", small, acks=-1).error_code == ErrorCode.none
 
 
+def test_min_insync_replicas_above_the_isr(admin: AdminClient, wire: KafkaWire) -> None:
+    create(admin, NewTopic("needs-two", num_partitions=1, config={"min.insync.replicas": "2"}))
+    batch = encode_batch([RecordSpec(key=None, value=b"x")])
+    assert wire.produce("needs-two", batch, acks=-1).error_code == ErrorCode.not_enough_replicas
+    assert wire.produce("needs-two", batch, acks=1).error_code == ErrorCode.none
+
+
+def test_timestamps_outside_the_topic_window(admin: AdminClient, wire: KafkaWire) -> None:
+    window = {"message.timestamp.before.max.ms": "60000", "message.timestamp.after.max.ms": "60000"}
+    create(admin, NewTopic("recent-only", num_partitions=1, config=window))
+    now = int(time.time() * 1000)
+    for timestamp in (now - 3_600_000, now + 3_600_000):
+        stale = encode_batch([RecordSpec(key=None, value=b"x", timestamp=timestamp)])
+        assert wire.produce("recent-only", stale).error_code == ErrorCode.invalid_timestamp
+    fresh = encode_batch([RecordSpec(key=None, value=b"x", timestamp=now)])
+    assert wire.produce("recent-only", fresh).error_code == ErrorCode.none
+
+
 # -- DeleteRecords, ListOffsets, DescribeCluster, OffsetForLeaderEpoch ------------------------------
 
 
