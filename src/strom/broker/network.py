@@ -36,7 +36,9 @@ class KafkaConnection(asyncio.Protocol):
         self._handle = handle
         self._max_request_size = max_request_size
         self._connections = connections
-        self._buffer = bytearray()
+        self._head = bytearray()  # the 4-byte size of the next frame, as it arrives
+        self._frame: bytearray | None = None  # the frame being received, allocated at its full size
+        self._filled = 0
         self._queue: deque[memoryview] = deque()
         self._wakeup: asyncio.Event = asyncio.Event()
         self._transport: asyncio.Transport | None = None
@@ -57,25 +59,39 @@ class KafkaConnection(asyncio.Protocol):
         self._task = asyncio.get_running_loop().create_task(self._process())
 
     def data_received(self, data: bytes) -> None:
-        buf = self._buffer
-        buf += data
-        pos = 0
-        end = len(buf)
-        while end - pos >= 4:
-            (size,) = SIZE.unpack_from(buf, pos)
-            if size < 0 or size > self._max_request_size:
-                log.warning(
-                    "closing connection: request size out of bounds",
-                    extra={"peer": self.peer, "size": size, "max": self._max_request_size},
-                )
-                self.close()
-                return
-            if end - pos - 4 < size:
-                break
-            self._queue.append(memoryview(bytes(buf[pos + 4 : pos + 4 + size])))
-            pos += 4 + size
-        if pos:
-            del buf[:pos]
+        # Each frame is copied once, from the received chunks into a buffer of its own size:
+        # a 1 MiB produce request is not re-assembled through a growing stream buffer.
+        view = memoryview(data)
+        queued = False
+        while view:
+            frame = self._frame
+            if frame is None:
+                head = self._head
+                taken = 4 - len(head)
+                head += view[:taken]
+                view = view[taken:]
+                if len(head) < 4:
+                    break
+                (size,) = SIZE.unpack(head)
+                head.clear()
+                if size < 0 or size > self._max_request_size:
+                    log.warning(
+                        "closing connection: request size out of bounds",
+                        extra={"peer": self.peer, "size": size, "max": self._max_request_size},
+                    )
+                    self.close()
+                    return
+                frame = self._frame = bytearray(size)
+                self._filled = 0
+            taken = min(len(view), len(frame) - self._filled)
+            frame[self._filled : self._filled + taken] = view[:taken]
+            self._filled += taken
+            view = view[taken:]
+            if self._filled == len(frame):
+                self._queue.append(memoryview(frame).toreadonly())  # kio decodes read-only buffers only
+                self._frame = None
+                queued = True
+        if queued:
             self._wakeup.set()
             if len(self._queue) >= MAX_QUEUED_REQUESTS and self._transport is not None:
                 self._transport.pause_reading()
@@ -126,3 +142,4 @@ class KafkaConnection(asyncio.Protocol):
             self._transport.close()
             self._transport = None
         self._queue.clear()
+        self._frame = None

@@ -74,6 +74,9 @@ def serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"strom: cannot read {args.config}: {exc.strerror}", file=sys.stderr)
         return 2
+    from strom.broker.allocator import keep_large_buffers_on_heap
+
+    keep_large_buffers_on_heap()
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_serve(config))
