@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -46,6 +47,8 @@ class KafkaConnection(asyncio.Protocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._task: asyncio.Task[None] | None = None
+        self._in_flight = False
+        self.last_active = time.monotonic()
         self.peer = "?"
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -59,6 +62,7 @@ class KafkaConnection(asyncio.Protocol):
         self._task = asyncio.get_running_loop().create_task(self._process())
 
     def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
         # Each frame is copied once, from the received chunks into a buffer of its own size:
         # a 1 MiB produce request is not re-assembled through a growing stream buffer.
         view = memoryview(data)
@@ -124,10 +128,13 @@ class KafkaConnection(asyncio.Protocol):
                     self._reading_paused = False
                     if self._transport is not None:
                         self._transport.resume_reading()
+                self._in_flight = True
                 response = await self._handle(self, frame)
                 if response is not None and self._transport is not None:
                     self._transport.write(response)
                     await self._can_write.wait()
+                self._in_flight = False
+                self.last_active = time.monotonic()
         except CloseConnection as exc:
             log.info("closing connection", extra={"peer": self.peer, "reason": str(exc)})
             self.close()
@@ -136,6 +143,10 @@ class KafkaConnection(asyncio.Protocol):
         except Exception:
             log.exception("closing connection after an unexpected error", extra={"peer": self.peer})
             self.close()
+
+    def idle_since(self, now: float) -> float:
+        """Seconds without traffic; 0 while a request is being served (a long-poll fetch is not idle)."""
+        return 0.0 if self._in_flight or self._queue else now - self.last_active
 
     def close(self) -> None:
         if self._transport is not None:

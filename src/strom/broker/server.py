@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -99,6 +100,7 @@ class BrokerServer:
             loop.create_task(
                 self._every(self.config.log_flush_offset_checkpoint_interval_ms, self._checkpoint)
             ),
+            loop.create_task(self._every(self._idle_check_interval_ms(), self._close_idle_connections)),
         ]
         log.info(
             "broker started",
@@ -127,6 +129,18 @@ class BrokerServer:
                 await job()
             except Exception:
                 log.exception("background job failed", extra={"job": getattr(job, "__name__", "?")})
+
+    def _idle_check_interval_ms(self) -> int:
+        return max(50, min(self.config.connections_max_idle_ms // 4, 30_000))
+
+    async def _close_idle_connections(self) -> None:
+        """Kafka's connections.max.idle.ms: a connection without traffic for that long is closed."""
+        limit = self.config.connections_max_idle_ms / 1000
+        now = time.monotonic()
+        for connection in list(self._connections):
+            if connection.idle_since(now) > limit:
+                log.debug("closing idle connection", extra={"peer": connection.peer})
+                connection.close()
 
     async def _retention(self) -> None:
         deleted = self.log_manager.cleanup_logs()
