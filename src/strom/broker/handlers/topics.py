@@ -166,7 +166,7 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
             build(
                 r.DeletableTopicResult,
                 name=topic.name if topic else name,
-                topic_id=topic_id or ZERO_UUID,
+                topic_id=topic.topic_id if topic else (topic_id or ZERO_UUID),
                 error_code=error,
                 error_message=message,
             )
