@@ -41,7 +41,9 @@ from integration.clients_util import (
     tail,
     watermarks,
 )
+from kafka_wire import KafkaWire
 from strom.records.batch import CompressionType
+from strom.records.codec import RecordSpec, encode_batch
 
 MESSAGE_TOO_LARGE = 10
 # Producers check sizes themselves first; raise their limits so the broker is the one that refuses.
@@ -293,8 +295,11 @@ def timed_topic(bootstrap: str) -> tuple[str, int]:
     create_topic(bootstrap, topic)
     t0 = base_timestamp()
     groups = [[0, 1000, 2000], [3000, 4000, 5000], [6000, 7000, 8000], [20000, 15000]]
-    for deltas in groups:
-        produce_plain(bootstrap, topic, [f"t+{d}".encode() for d in deltas], [t0 + d for d in deltas])
+    # One batch per group, written raw: a client's linger could split a group under load.
+    with KafkaWire.connect(bootstrap) as wire:
+        for deltas in groups:
+            specs = [RecordSpec(key=None, value=f"t+{d}".encode(), timestamp=t0 + d) for d in deltas]
+            wire.produce_ok(topic, encode_batch(specs))
     assert len(fetch_batches(bootstrap, topic)) == len(groups)
     return topic, t0
 
