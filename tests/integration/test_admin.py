@@ -22,6 +22,7 @@ from confluent_kafka.admin import (
 from kio.schema.create_topics.v7 import request as create_topics7
 from kio.schema.delete_topics.v6 import request as delete_topics6
 from kio.schema.errors import ErrorCode
+from kio.schema.list_offsets.v7 import request as list_offsets7
 from kio.schema.offset_for_leader_epoch.v4 import request as ofle4
 
 from brokerproc import BrokerProcess
@@ -385,6 +386,28 @@ def test_offset_for_leader_epoch(admin: AdminClient, bootstrap: str, wire: Kafka
     current = request(0)
     assert (current.error_code, current.leader_epoch, current.end_offset) == (ErrorCode.none, 0, 3)
     assert request(0, current=5).error_code == ErrorCode.unknown_leader_epoch
+
+    # One leader epoch, the same in Metadata, ListOffsets, OffsetForLeaderEpoch and the stored batches.
+    (partition,) = wire.metadata("epochs").topics[0].partitions
+    listed = (
+        wire.request(
+            list_offsets7.ListOffsetsRequest(
+                replica_id=-1,
+                isolation_level=0,
+                topics=(
+                    list_offsets7.ListOffsetsTopic(
+                        name="epochs",
+                        partitions=(list_offsets7.ListOffsetsPartition(partition_index=0, timestamp=-1),),
+                    ),
+                ),
+            )
+        )
+        .topics[0]
+        .partitions[0]
+    )
+    stored = {b.header.partition_leader_epoch for b in decode_batches(wire.fetch("epochs", 0).records)}
+    assert partition.leader_epoch == listed.leader_epoch == current.leader_epoch == 0
+    assert stored == {0}
 
 
 # -- Idempotent producers -----------------------------------------------------------------------------
