@@ -12,42 +12,7 @@ from confluent_kafka.admin import AdminClient
 
 from brokerproc import STROM, BrokerProcess, free_port
 
-# What a stock Kafka 4.x config/server.properties (KRaft combined mode) looks like.
-KAFKA_SERVER_PROPERTIES = """\
-############################# Server Basics #############################
-process.roles=broker,controller
-node.id=1
-controller.quorum.bootstrap.servers=localhost:{controller_port}
-
-############################# Socket Server Settings #############################
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-inter.broker.listener.name=PLAINTEXT
-advertised.listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
-num.network.threads=3
-num.io.threads=8
-socket.send.buffer.bytes=102400
-socket.receive.buffer.bytes=102400
-socket.request.max.bytes=104857600
-
-############################# Log Basics #############################
-log.dirs={log_dirs}
-num.partitions=1
-num.recovery.threads.per.data.dir=1
-
-############################# Internal Topic Settings  #############################
-offsets.topic.replication.factor=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-
-############################# Log Retention Policy #############################
-log.retention.hours=168
-log.segment.bytes=1073741824
-log.retention.check.interval.ms=300000
-"""
+STOCK_SERVER_PROPERTIES = Path(__file__).parents[1] / "data" / "kafka-4-server.properties"
 
 
 def run_serve(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
@@ -55,13 +20,24 @@ def run_serve(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[st
 
 
 def test_stock_kafka_server_properties_starts_with_warnings(tmp_path: Path) -> None:
-    port = free_port()
-    config = tmp_path / "server.properties"
-    config.write_text(
-        KAFKA_SERVER_PROPERTIES.format(port=port, controller_port=free_port(), log_dirs=tmp_path / "data")
-    )
+    # The stock file unchanged; only where to listen and store comes from --override, which wins.
+    port, controller_port = free_port(), free_port()
+    listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}"
     proc = subprocess.Popen(
-        [str(STROM), "serve", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [
+            str(STROM),
+            "serve",
+            str(STOCK_SERVER_PROPERTIES),
+            "--override",
+            f"listeners={listeners}",
+            "--override",
+            f"advertised.listeners={listeners}",
+            "--override",
+            f"log.dirs={tmp_path / 'data'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})

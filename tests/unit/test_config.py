@@ -28,61 +28,8 @@ from strom.storage.log_config import (
     describe_topic_config,
 )
 
-# The content of Kafka 4.x's config/server.properties (combined broker + controller, KRaft), comments trimmed.
-STOCK_KRAFT_SERVER_PROPERTIES = r"""
-############################# Server Basics #############################
-
-# The role of this server. Setting this puts us in KRaft mode
-process.roles=broker,controller
-
-# The node id associated with this instance's roles
-node.id=1
-
-# List of controller endpoints used connect to the controller cluster
-controller.quorum.bootstrap.servers=localhost:9093
-
-############################# Socket Server Settings #############################
-
-listeners=PLAINTEXT://:9092,CONTROLLER://:9093
-
-# Name of listener used for communication between brokers.
-inter.broker.listener.name=PLAINTEXT
-
-advertised.listeners=PLAINTEXT://localhost:9092,CONTROLLER://localhost:9093
-
-controller.listener.names=CONTROLLER
-
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
-
-num.network.threads=3
-num.io.threads=8
-socket.send.buffer.bytes=102400
-socket.receive.buffer.bytes=102400
-socket.request.max.bytes=104857600
-
-############################# Log Basics #############################
-
-log.dirs=/tmp/kraft-combined-logs
-num.partitions=1
-num.recovery.threads.per.data.dir=1
-
-############################# Internal Topic Settings  #############################
-offsets.topic.replication.factor=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-
-############################# Log Flush Policy #############################
-#log.flush.interval.messages=10000
-#log.flush.interval.ms=1000
-
-############################# Log Retention Policy #############################
-log.retention.hours=168
-#log.retention.bytes=1073741824
-log.segment.bytes=1073741824
-log.retention.check.interval.ms=300000
-"""
+# Kafka 4.x's stock config/server.properties, shared with the `strom serve` integration test.
+STOCK_KRAFT_SERVER_PROPERTIES = (Path(__file__).parents[1] / "data" / "kafka-4-server.properties").read_text()
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
