@@ -115,7 +115,7 @@ class ReplicaManager:
                     error_code_of(exc),
                     log_start_offset=partition.log_start_offset,
                     error_message=str(exc) or None,
-                    record_errors=list(getattr(exc, "record_errors", None) or []),
+                    record_errors=list(getattr(exc, "record_errors", [])),
                 )
                 continue
             results[tp] = ProduceResult(

@@ -8,9 +8,11 @@ class StorageError(Exception):
 
     error_code: int = -1  # UNKNOWN_SERVER_ERROR
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, record_errors: list[tuple[int, str]] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        # (batch index, message) pairs for the Produce response's per-record errors.
+        self.record_errors = record_errors or []
 
 
 class OffsetOutOfRangeError(StorageError):
@@ -31,10 +33,6 @@ class RecordTooLargeError(StorageError):
 
 class InvalidTimestampError(StorageError):
     error_code = 32
-
-    def __init__(self, message: str, record_errors: list[tuple[int, str]] | None = None) -> None:
-        super().__init__(message)
-        self.record_errors = record_errors or []
 
 
 class OutOfOrderSequenceError(StorageError):
@@ -59,7 +57,3 @@ class InvalidRecordError(StorageError):
     """INVALID_RECORD; ``record_errors`` are (batch index, message) pairs for the response."""
 
     error_code = 87
-
-    def __init__(self, message: str, record_errors: list[tuple[int, str]] | None = None) -> None:
-        super().__init__(message)
-        self.record_errors = record_errors or []
