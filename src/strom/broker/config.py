@@ -324,21 +324,21 @@ _ACCEPTED = (
         "controlled.shutdown.enable", T.BOOLEAN, True, None, "Move leadership away before shutting down."
     ),
     _accepted("broker.rack", T.STRING, None, None, "The broker's rack."),
-    _accepted(
+    _key(
         "offsets.topic.segment.bytes",
         T.INT,
         100 * 1024 * 1024,
         Range(1),
         "segment.bytes of __consumer_offsets.",
     ),
-    _accepted(
+    _key(
         "offsets.retention.check.interval.ms",
         T.LONG,
         600000,
         Range(1),
         "How often expired offsets are looked for.",
     ),
-    _accepted(
+    _key(
         "offset.metadata.max.bytes", T.INT, 4096, None, "The largest metadata string of a committed offset."
     ),
     _accepted(
@@ -644,6 +644,9 @@ class KafkaConfig:
         self.group_max_session_timeout_ms: int = self._int("group.max.session.timeout.ms")
         self.group_max_size: int = self._int("group.max.size")
         self.offsets_retention_minutes: int = self._int("offsets.retention.minutes")
+        self.offsets_retention_check_interval_ms: int = self._int("offsets.retention.check.interval.ms")
+        self.offsets_topic_segment_bytes: int = self._int("offsets.topic.segment.bytes")
+        self.offset_metadata_max_bytes: int = self._int("offset.metadata.max.bytes")
 
     @classmethod
     def from_sources(

@@ -13,6 +13,8 @@ from pathlib import Path
 from strom.broker.cluster.local import LocalControlPlane
 from strom.broker.cluster.metadata import TopicState
 from strom.broker.config import KafkaConfig
+from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
+from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, GroupMetadataManager
 from strom.broker.dispatcher import RequestDispatcher
 from strom.broker.handlers import HANDLERS
 from strom.broker.network import KafkaConnection
@@ -50,6 +52,18 @@ class BrokerServer:
         self.log_manager = LogManager(log_dirs)
         self.replica_manager = ReplicaManager(self.log_manager, self.log_config)
         self.producer_ids = ProducerIdManager(self.control_plane)
+        self.group_coordinator = GroupCoordinator(
+            GroupConfig(
+                min_session_timeout_ms=config.group_min_session_timeout_ms,
+                max_session_timeout_ms=config.group_max_session_timeout_ms,
+                initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+                max_size=config.group_max_size,
+                offsets_retention_ms=config.offsets_retention_minutes * 60_000,
+                offset_metadata_max_bytes=config.offset_metadata_max_bytes,
+            ),
+            GroupMetadataManager(self.replica_manager, config.offsets_topic_num_partitions),
+            self._ensure_offsets_topic,
+        )
         self._dispatcher = RequestDispatcher(self, HANDLERS)
         self._servers: list[asyncio.Server] = []
         self._connections: set[KafkaConnection] = set()
@@ -82,6 +96,7 @@ class BrokerServer:
                 # A topic deleted from the control plane just before a crash: finish the deletion.
                 log.warning("deleting the log of an unknown topic", extra={"log": str(orphan.dir)})
                 self.log_manager.delete_log(orphan.topic, orphan.partition)
+        self.group_coordinator.startup()
         max_request = self.config.socket_request_max_bytes
         for listener in self.config.client_listeners():
             server = await loop.create_server(
@@ -101,6 +116,9 @@ class BrokerServer:
                 self._every(self.config.log_flush_offset_checkpoint_interval_ms, self._checkpoint)
             ),
             loop.create_task(self._every(self._idle_check_interval_ms(), self._close_idle_connections)),
+            loop.create_task(
+                self._every(self.config.offsets_retention_check_interval_ms, self._expire_group_offsets)
+            ),
         ]
         log.info(
             "broker started",
@@ -117,6 +135,7 @@ class BrokerServer:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.group_coordinator.shutdown()
         self.replica_manager.wake_all_fetchers()
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
         log.info("broker stopped", extra={"node_id": self.node_id})
@@ -147,6 +166,9 @@ class BrokerServer:
         if deleted:
             log.info("retention deleted segments", extra={"segments": deleted})
 
+    async def _expire_group_offsets(self) -> None:
+        self.group_coordinator.expire_offsets()
+
     async def _flush(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.flush_dirty_logs)
 
@@ -167,6 +189,19 @@ class BrokerServer:
         self.replica_manager.become_leader(topic)
         log.info("created topic", extra={"topic": name, "partitions": num_partitions})
         return topic
+
+    def _ensure_offsets_topic(self) -> None:
+        """Create ``__consumer_offsets`` on first use, compacted, as Kafka does."""
+        if self.control_plane.image.topic(OFFSETS_TOPIC) is None:
+            self.create_topic(
+                OFFSETS_TOPIC,
+                self.config.offsets_topic_num_partitions,
+                {
+                    "cleanup.policy": "compact",
+                    "compression.type": "producer",
+                    "segment.bytes": str(self.config.offsets_topic_segment_bytes),
+                },
+            )
 
     def auto_create_topic(self, name: str) -> TopicState:
         return self.create_topic(name, self.config.num_partitions, {})

@@ -13,9 +13,19 @@ from strom.broker.handlers.configs import (
 from strom.broker.handlers.coordinator import handle_find_coordinator
 from strom.broker.handlers.delete_records import handle_delete_records
 from strom.broker.handlers.fetch import handle_fetch
+from strom.broker.handlers.groups import (
+    handle_delete_groups,
+    handle_describe_groups,
+    handle_heartbeat,
+    handle_join_group,
+    handle_leave_group,
+    handle_list_groups,
+    handle_sync_group,
+)
 from strom.broker.handlers.leader_epoch import handle_offset_for_leader_epoch
 from strom.broker.handlers.list_offsets import handle_list_offsets
 from strom.broker.handlers.metadata import handle_metadata
+from strom.broker.handlers.offsets import handle_offset_commit, handle_offset_delete, handle_offset_fetch
 from strom.broker.handlers.produce import handle_produce
 from strom.broker.handlers.producer_id import handle_init_producer_id
 from strom.broker.handlers.topics import handle_create_partitions, handle_create_topics, handle_delete_topics
@@ -26,7 +36,15 @@ HANDLERS: dict[ApiKey, Handler] = {
     ApiKey.FETCH: handle_fetch,
     ApiKey.LIST_OFFSETS: handle_list_offsets,
     ApiKey.METADATA: handle_metadata,
+    ApiKey.OFFSET_COMMIT: handle_offset_commit,
+    ApiKey.OFFSET_FETCH: handle_offset_fetch,
     ApiKey.FIND_COORDINATOR: handle_find_coordinator,
+    ApiKey.JOIN_GROUP: handle_join_group,
+    ApiKey.HEARTBEAT: handle_heartbeat,
+    ApiKey.LEAVE_GROUP: handle_leave_group,
+    ApiKey.SYNC_GROUP: handle_sync_group,
+    ApiKey.DESCRIBE_GROUPS: handle_describe_groups,
+    ApiKey.LIST_GROUPS: handle_list_groups,
     ApiKey.API_VERSIONS: handle_api_versions,
     ApiKey.CREATE_TOPICS: handle_create_topics,
     ApiKey.DELETE_TOPICS: handle_delete_topics,
@@ -36,6 +54,8 @@ HANDLERS: dict[ApiKey, Handler] = {
     ApiKey.DESCRIBE_CONFIGS: handle_describe_configs,
     ApiKey.ALTER_CONFIGS: handle_alter_configs,
     ApiKey.CREATE_PARTITIONS: handle_create_partitions,
+    ApiKey.DELETE_GROUPS: handle_delete_groups,
     ApiKey.INCREMENTAL_ALTER_CONFIGS: handle_incremental_alter_configs,
+    ApiKey.OFFSET_DELETE: handle_offset_delete,
     ApiKey.DESCRIBE_CLUSTER: handle_describe_cluster,
 }

@@ -1,11 +1,10 @@
 """FindCoordinator (10): which broker coordinates a consumer group.
 
-Strom does not coordinate groups yet (no JoinGroup, OffsetCommit or OffsetFetch), yet it
-serves FindCoordinator because clients probe it as a capability: librdkafka enables LZ4 only
-on brokers that list it. Naming a coordinator whose APIs are missing would make clients call
-them anyway (librdkafka 2.0 crashes on the missing OffsetFetch), so a group lookup answers
-COORDINATOR_NOT_AVAILABLE, which clients retry quietly. A transactional key gets a fatal error
-with a clear message, never a retriable one.
+On a single node that is always this broker. The first lookup creates
+``__consumer_offsets`` (as Kafka creates it on first use), so a group can write
+its state as soon as a client knows where to send it. Transactions do not exist
+yet: a transactional key gets a fatal error with a clear message, never a
+retriable one.
 """
 
 from __future__ import annotations
@@ -31,7 +30,9 @@ def _lookup(ctx: RequestContext, key_type: int) -> tuple[ErrorCode, str | None, 
         )
     if key_type != GROUP_KEY_TYPE:
         return ErrorCode.invalid_request, f"Unsupported coordinator key type {key_type}", -1, "", -1
-    return ErrorCode.coordinator_not_available, "Strom does not coordinate consumer groups yet", -1, "", -1
+    ctx.broker.group_coordinator.ensure_offsets_topic()
+    host, port = ctx.broker.advertised_endpoint()
+    return ErrorCode.none, None, ctx.broker.node_id, host, port
 
 
 async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:

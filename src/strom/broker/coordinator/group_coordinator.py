@@ -1,0 +1,735 @@
+"""The group coordinator for classic consumer groups (Kafka's GroupCoordinator).
+
+Membership follows the classic rebalance protocol. A JoinGroup moves the group to
+PreparingRebalance; the join completes when every known member has rejoined (or the
+longest rebalance timeout passes, dropping the members that did not), which starts a
+new generation in CompletingRebalance and hands the leader every member's metadata.
+The leader's SyncGroup carries the assignment; storing it in ``__consumer_offsets``
+makes the group Stable and answers every member's SyncGroup. Heartbeats keep a
+member alive for ``session.timeout.ms``; a member that misses it is removed and the
+group rebalances.
+
+Static members (KIP-345) are keyed by ``group.instance.id``: a restart within the
+session timeout replaces the member id without a rebalance, and the old instance
+is fenced. Everything runs on the event loop; waiting requests hold futures that
+the state machine completes, and the timers are the loop's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from strom.broker.coordinator.group import (
+    ClassicGroup,
+    GroupState,
+    JoinResult,
+    MemberMetadata,
+    OffsetAndMetadata,
+    SyncResult,
+)
+from strom.broker.coordinator.group_metadata_manager import GroupMetadataManager
+from strom.broker.partition import TopicPartition
+from strom.protocol.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_MEMBER_ID = ""
+CLASSIC_GROUP_TYPE = "classic"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    min_session_timeout_ms: int
+    max_session_timeout_ms: int
+    initial_rebalance_delay_ms: int
+    max_size: int
+    offsets_retention_ms: int
+    offset_metadata_max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    group_id: str
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    require_known_member_id: bool  # JoinGroup v4+: a new dynamic member first gets MEMBER_ID_REQUIRED
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        config: GroupConfig,
+        manager: GroupMetadataManager,
+        ensure_offsets_topic: Callable[[], None],
+        time_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.config = config
+        self._manager = manager
+        self._ensure_offsets_topic = ensure_offsets_topic
+        self._time_ms = time_ms
+        self._groups: dict[str, ClassicGroup] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Groups whose first rebalance is still in group.initial.rebalance.delay.ms.
+        self._initial_delay: set[str] = set()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def startup(self) -> None:
+        """Load every group and offset; members of loaded groups must heartbeat within their timeout."""
+        self._loop = asyncio.get_running_loop()
+        self._groups = self._manager.load()
+        for group in self._groups.values():
+            for member in group.members.values():
+                self._schedule_heartbeat_expiration(group, member)
+
+    def shutdown(self) -> None:
+        for group in self._groups.values():
+            group.cancel_timers()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "the group coordinator has not started"
+        return self._loop
+
+    def partition_of(self, group_id: str) -> TopicPartition:
+        return self._manager.partition_of(group_id)
+
+    def ensure_offsets_topic(self) -> None:
+        self._ensure_offsets_topic()
+
+    # --- JoinGroup -----------------------------------------------------------------------
+
+    async def join_group(self, req: JoinRequest) -> JoinResult:
+        if not req.group_id:
+            return JoinResult(ErrorCode.invalid_group_id, member_id=req.member_id)
+        if (
+            not self.config.min_session_timeout_ms
+            <= req.session_timeout_ms
+            <= self.config.max_session_timeout_ms
+        ):
+            return JoinResult(ErrorCode.invalid_session_timeout, member_id=req.member_id)
+        self._ensure_offsets_topic()
+        group = self._groups.get(req.group_id)
+        is_unknown_member = req.member_id == UNKNOWN_MEMBER_ID
+        created = False
+        if group is None:
+            if not is_unknown_member:
+                return JoinResult(ErrorCode.unknown_member_id, member_id=req.member_id)
+            group = self._groups[req.group_id] = ClassicGroup(req.group_id, self._time_ms())
+            created = True
+        if group.is_(GroupState.DEAD):
+            # Deleted concurrently: the client retries and meets a fresh group.
+            return JoinResult(ErrorCode.coordinator_not_available, member_id=req.member_id)
+        if not group.supports_protocols(req.protocol_type, [name for name, _ in req.protocols]):
+            result = JoinResult(ErrorCode.inconsistent_group_protocol, member_id=req.member_id)
+        elif is_unknown_member:
+            return await self._join_unknown_member(group, req)
+        else:
+            return await self._join_known_member(group, req)
+        if created:
+            del self._groups[req.group_id]
+        return result
+
+    async def _join_unknown_member(self, group: ClassicGroup, req: JoinRequest) -> JoinResult:
+        if group.size >= self.config.max_size:
+            return JoinResult(ErrorCode.group_max_size_reached, member_id=UNKNOWN_MEMBER_ID)
+        prefix = req.group_instance_id if req.group_instance_id is not None else req.client_id
+        new_member_id = f"{prefix}-{uuid.uuid4()}"
+        if req.group_instance_id is not None:
+            old_member_id = group.static_member_id(req.group_instance_id)
+            if old_member_id is not None:
+                return await self._replace_static_member(group, old_member_id, new_member_id, req)
+        elif req.require_known_member_id:
+            # KIP-394: the member learns its id first, so a lost JoinGroup response leaves no ghost member.
+            timer = self.loop.call_later(
+                req.session_timeout_ms / 1000, self._expire_pending_member, group, new_member_id
+            )
+            group.pending_members[new_member_id] = timer
+            return JoinResult(ErrorCode.member_id_required, member_id=new_member_id)
+        return await self._add_member_and_rebalance(group, new_member_id, req)
+
+    async def _join_known_member(self, group: ClassicGroup, req: JoinRequest) -> JoinResult:
+        member_id = req.member_id
+        if member_id in group.pending_members:
+            group.pending_members.pop(member_id).cancel()
+            return await self._add_member_and_rebalance(group, member_id, req)
+        if group.is_static_member_fenced(member_id, req.group_instance_id):
+            return JoinResult(ErrorCode.fenced_instance_id, member_id=member_id)
+        member = group.members.get(member_id)
+        if member is None or group.state in (GroupState.EMPTY, GroupState.DEAD):
+            return JoinResult(ErrorCode.unknown_member_id, member_id=member_id)
+        if group.is_(GroupState.PREPARING_REBALANCE):
+            return await self._update_member_and_rebalance(group, member, req, "member rejoined")
+        if group.is_(GroupState.COMPLETING_REBALANCE):
+            if member.matches(req.protocols):
+                # A repeated join (its response was lost): answer with the current generation.
+                return self._current_join_result(group, member_id)
+            return await self._update_member_and_rebalance(group, member, req, "member changed its metadata")
+        # Stable
+        if group.is_leader(member_id) or not member.matches(req.protocols):
+            reason = "leader rejoined" if group.is_leader(member_id) else "member changed its metadata"
+            return await self._update_member_and_rebalance(group, member, req, reason)
+        return self._current_join_result(group, member_id, leader_gets_members=False)
+
+    def _current_join_result(
+        self, group: ClassicGroup, member_id: str, leader_gets_members: bool = True
+    ) -> JoinResult:
+        members = (
+            group.current_member_metadata() if leader_gets_members and group.is_leader(member_id) else ()
+        )
+        return JoinResult(
+            ErrorCode.none,
+            generation_id=group.generation_id,
+            protocol_type=group.protocol_type,
+            protocol_name=group.protocol_name,
+            leader_id=group.leader_id or "",
+            member_id=member_id,
+            members=members,
+        )
+
+    async def _add_member_and_rebalance(
+        self, group: ClassicGroup, member_id: str, req: JoinRequest
+    ) -> JoinResult:
+        member = MemberMetadata(
+            member_id=member_id,
+            group_instance_id=req.group_instance_id,
+            client_id=req.client_id,
+            client_host=req.client_host,
+            rebalance_timeout_ms=req.rebalance_timeout_ms,
+            session_timeout_ms=req.session_timeout_ms,
+            protocol_type=req.protocol_type,
+            protocols=list(req.protocols),
+        )
+        future: asyncio.Future[JoinResult] = self.loop.create_future()
+        member.join_future = future
+        group.add_member(member)
+        if group.is_(GroupState.PREPARING_REBALANCE) and group.group_id in self._initial_delay:
+            group.new_member_added = True
+        self._maybe_prepare_rebalance(group, f"member {member_id} joined")
+        self._maybe_complete_join(group)
+        return await future
+
+    async def _update_member_and_rebalance(
+        self, group: ClassicGroup, member: MemberMetadata, req: JoinRequest, reason: str
+    ) -> JoinResult:
+        self._update_member(member, req)
+        if member.is_awaiting_join:
+            assert member.join_future is not None
+            member.join_future.set_result(
+                JoinResult(ErrorCode.rebalance_in_progress, member_id=member.member_id)
+            )
+        future: asyncio.Future[JoinResult] = self.loop.create_future()
+        member.join_future = future
+        self._maybe_prepare_rebalance(group, reason)
+        self._maybe_complete_join(group)
+        return await future
+
+    @staticmethod
+    def _update_member(member: MemberMetadata, req: JoinRequest) -> None:
+        member.protocols = list(req.protocols)
+        member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        member.session_timeout_ms = req.session_timeout_ms
+        member.client_id = req.client_id
+        member.client_host = req.client_host
+
+    async def _replace_static_member(
+        self, group: ClassicGroup, old_member_id: str, new_member_id: str, req: JoinRequest
+    ) -> JoinResult:
+        """A known group.instance.id joined with no member id: the instance restarted (KIP-345)."""
+        assert req.group_instance_id is not None
+        member = group.members[old_member_id]
+        fenced_join, fenced_sync = member.join_future, member.sync_future
+        member.join_future = member.sync_future = None
+        if fenced_join is not None and not fenced_join.done():
+            fenced_join.set_result(JoinResult(ErrorCode.fenced_instance_id, member_id=old_member_id))
+        if fenced_sync is not None and not fenced_sync.done():
+            fenced_sync.set_result(SyncResult(ErrorCode.fenced_instance_id))
+        old_protocols = member.protocols
+        group.replace_static_member(req.group_instance_id, old_member_id, new_member_id)
+        self._update_member(member, req)
+        log.info(
+            "static member rejoined",
+            extra={"group": group.group_id, "instance": req.group_instance_id, "member": new_member_id},
+        )
+        if group.is_(GroupState.STABLE) and group.select_protocol() == group.protocol_name:
+            # Same protocol: keep the generation and the assignment; persist the new member id.
+            outcome = self._manager.store_group(group)
+            if outcome.error != ErrorCode.none:
+                group.replace_static_member(req.group_instance_id, new_member_id, old_member_id)
+                member.protocols = old_protocols
+                return JoinResult(outcome.error, member_id=UNKNOWN_MEMBER_ID)
+            self._schedule_heartbeat_expiration(group, member)
+            is_leader = group.is_leader(new_member_id)
+            return JoinResult(
+                ErrorCode.none,
+                generation_id=group.generation_id,
+                protocol_type=group.protocol_type,
+                protocol_name=group.protocol_name,
+                leader_id=group.leader_id or "",
+                member_id=new_member_id,
+                skip_assignment=is_leader,
+                members=group.current_member_metadata() if is_leader else (),
+            )
+        future: asyncio.Future[JoinResult] = self.loop.create_future()
+        member.join_future = future
+        self._maybe_prepare_rebalance(group, f"static member {req.group_instance_id} rejoined")
+        self._maybe_complete_join(group)
+        return await future
+
+    def _expire_pending_member(self, group: ClassicGroup, member_id: str) -> None:
+        if group.pending_members.pop(member_id, None) is not None:
+            self._maybe_complete_join(group)
+
+    # --- rebalancing ---------------------------------------------------------------------
+
+    def _maybe_prepare_rebalance(self, group: ClassicGroup, reason: str) -> None:
+        if group.can_transition_to(GroupState.PREPARING_REBALANCE):
+            self._prepare_rebalance(group, reason)
+
+    def _prepare_rebalance(self, group: ClassicGroup, reason: str) -> None:
+        if group.is_(GroupState.COMPLETING_REBALANCE):
+            self._propagate_sync_error(group, ErrorCode.rebalance_in_progress)
+        if group.sync_timer is not None:
+            group.sync_timer.cancel()
+            group.sync_timer = None
+        was_empty = group.is_(GroupState.EMPTY)
+        group.transition_to(GroupState.PREPARING_REBALANCE, self._time_ms())
+        rebalance_timeout = group.rebalance_timeout_ms()
+        delay = min(self.config.initial_rebalance_delay_ms, rebalance_timeout)
+        if was_empty and delay > 0:
+            # Wait for more members of a starting group before the first generation.
+            self._initial_delay.add(group.group_id)
+            group.new_member_added = False
+            group.join_timer = self.loop.call_later(
+                delay / 1000, self._on_initial_delay, group, rebalance_timeout - delay
+            )
+        else:
+            group.join_timer = self.loop.call_later(rebalance_timeout / 1000, self._complete_join, group)
+        log.info(
+            "preparing to rebalance",
+            extra={"group": group.group_id, "generation": group.generation_id, "reason": reason},
+        )
+
+    def _on_initial_delay(self, group: ClassicGroup, remaining_ms: int) -> None:
+        if group.new_member_added and remaining_ms > 0:
+            group.new_member_added = False
+            delay = min(self.config.initial_rebalance_delay_ms, remaining_ms)
+            group.join_timer = self.loop.call_later(
+                delay / 1000, self._on_initial_delay, group, max(remaining_ms - delay, 0)
+            )
+            return
+        self._initial_delay.discard(group.group_id)
+        self._complete_join(group)
+
+    def _maybe_complete_join(self, group: ClassicGroup) -> None:
+        if (
+            group.is_(GroupState.PREPARING_REBALANCE)
+            and group.group_id not in self._initial_delay
+            and group.has_all_members_joined()
+        ):
+            self._complete_join(group)
+
+    def _complete_join(self, group: ClassicGroup) -> None:
+        if not group.is_(GroupState.PREPARING_REBALANCE):
+            return
+        if group.join_timer is not None:
+            group.join_timer.cancel()
+            group.join_timer = None
+        self._initial_delay.discard(group.group_id)
+        for member in group.not_yet_rejoined_members():
+            log.info(
+                "removing member that did not rejoin",
+                extra={"group": group.group_id, "member": member.member_id},
+            )
+            group.remove_member(member.member_id)
+        group.init_next_generation(self._time_ms())
+        if group.is_(GroupState.EMPTY):
+            log.info("group is empty", extra={"group": group.group_id, "generation": group.generation_id})
+            self._manager.store_group(group)
+            return
+        log.info(
+            "new generation",
+            extra={
+                "group": group.group_id,
+                "generation": group.generation_id,
+                "protocol": group.protocol_name,
+                "members": len(group.members),
+            },
+        )
+        for member in group.members.values():
+            future = member.join_future
+            member.join_future = None
+            result = self._current_join_result(group, member.member_id)
+            if future is not None and not future.done():
+                future.set_result(result)
+            self._schedule_heartbeat_expiration(group, member)
+        generation = group.generation_id
+        group.sync_timer = self.loop.call_later(
+            group.rebalance_timeout_ms() / 1000, self._expire_pending_sync, group, generation
+        )
+
+    def _expire_pending_sync(self, group: ClassicGroup, generation: int) -> None:
+        """Members of the generation that never sent SyncGroup are dropped, and the group rebalances."""
+        group.sync_timer = None
+        if group.generation_id != generation or not group.pending_sync_members:
+            return
+        if group.state not in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
+            return
+        for member_id in list(group.pending_sync_members):
+            log.info(
+                "removing member that did not sync", extra={"group": group.group_id, "member": member_id}
+            )
+            group.remove_member(member_id)
+        self._maybe_prepare_rebalance(group, "members did not sync in time")
+
+    def _propagate_sync_error(self, group: ClassicGroup, error: ErrorCode) -> None:
+        for member in group.members.values():
+            member.assignment = b""
+            if member.is_awaiting_sync:
+                assert member.sync_future is not None
+                member.sync_future.set_result(SyncResult(error))
+            member.sync_future = None
+
+    # --- heartbeats and session timeouts --------------------------------------------------
+
+    def _schedule_heartbeat_expiration(self, group: ClassicGroup, member: MemberMetadata) -> None:
+        member.cancel_heartbeat()
+        member.heartbeat_timer = self.loop.call_later(
+            member.session_timeout_ms / 1000, self._on_heartbeat_expired, group, member
+        )
+
+    def _on_heartbeat_expired(self, group: ClassicGroup, member: MemberMetadata) -> None:
+        member.heartbeat_timer = None
+        if group.members.get(member.member_id) is not member:
+            return
+        if member.is_awaiting_join or member.is_awaiting_sync:
+            # A member blocked in JoinGroup or SyncGroup is alive by definition.
+            self._schedule_heartbeat_expiration(group, member)
+            return
+        log.info(
+            "member session expired",
+            extra={
+                "group": group.group_id,
+                "member": member.member_id,
+                "timeout_ms": member.session_timeout_ms,
+            },
+        )
+        self._remove_member_and_update_group(group, member)
+
+    def _remove_member_and_update_group(self, group: ClassicGroup, member: MemberMetadata) -> None:
+        group.remove_member(member.member_id)
+        join, sync = member.join_future, member.sync_future
+        member.join_future = member.sync_future = None
+        if join is not None and not join.done():
+            join.set_result(JoinResult(ErrorCode.unknown_member_id, member_id=member.member_id))
+        if sync is not None and not sync.done():
+            sync.set_result(SyncResult(ErrorCode.unknown_member_id))
+        if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._maybe_prepare_rebalance(group, f"member {member.member_id} left")
+        elif group.is_(GroupState.PREPARING_REBALANCE):
+            self._maybe_complete_join(group)
+
+    def heartbeat(
+        self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None
+    ) -> ErrorCode:
+        group = self._groups.get(group_id)
+        if group is None:
+            return ErrorCode.unknown_member_id
+        if group.is_(GroupState.DEAD):
+            return ErrorCode.coordinator_not_available
+        if group.is_static_member_fenced(member_id, group_instance_id):
+            return ErrorCode.fenced_instance_id
+        member = group.members.get(member_id)
+        if member is None or group.is_(GroupState.EMPTY):
+            return ErrorCode.unknown_member_id
+        if generation_id != group.generation_id:
+            return ErrorCode.illegal_generation
+        self._schedule_heartbeat_expiration(group, member)
+        if group.is_(GroupState.PREPARING_REBALANCE):
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    # --- SyncGroup -----------------------------------------------------------------------
+
+    async def sync_group(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        protocol_type: str | None,
+        protocol_name: str | None,
+        assignments: dict[str, bytes],
+    ) -> SyncResult:
+        group = self._groups.get(group_id)
+        if group is None:
+            return SyncResult(ErrorCode.unknown_member_id)
+        if group.is_(GroupState.DEAD):
+            return SyncResult(ErrorCode.coordinator_not_available)
+        if group.is_static_member_fenced(member_id, group_instance_id):
+            return SyncResult(ErrorCode.fenced_instance_id)
+        member = group.members.get(member_id)
+        if member is None or group.is_(GroupState.EMPTY):
+            return SyncResult(ErrorCode.unknown_member_id)
+        if generation_id != group.generation_id:
+            return SyncResult(ErrorCode.illegal_generation)
+        if (protocol_type is not None and protocol_type != group.protocol_type) or (
+            protocol_name is not None and protocol_name != group.protocol_name
+        ):
+            return SyncResult(ErrorCode.inconsistent_group_protocol)
+        if group.is_(GroupState.PREPARING_REBALANCE):
+            return SyncResult(ErrorCode.rebalance_in_progress)
+        group.pending_sync_members.discard(member_id)
+        self._schedule_heartbeat_expiration(group, member)
+        if group.is_(GroupState.STABLE):
+            return self._sync_result(group, member)
+        # CompletingRebalance: wait for the leader's assignment.
+        future: asyncio.Future[SyncResult] = self.loop.create_future()
+        member.sync_future = future
+        if group.is_leader(member_id):
+            for m in group.members.values():
+                m.assignment = assignments.get(m.member_id, b"")
+            outcome = self._manager.store_group(group)
+            if outcome.error != ErrorCode.none:
+                self._propagate_sync_error(group, outcome.error)
+                self._maybe_prepare_rebalance(group, "storing the assignment failed")
+            else:
+                group.transition_to(GroupState.STABLE, self._time_ms())
+                log.info(
+                    "group is stable",
+                    extra={
+                        "group": group.group_id,
+                        "generation": group.generation_id,
+                        "members": len(group.members),
+                    },
+                )
+                for m in group.members.values():
+                    if m.is_awaiting_sync:
+                        assert m.sync_future is not None
+                        m.sync_future.set_result(self._sync_result(group, m))
+                    m.sync_future = None
+        return await future
+
+    @staticmethod
+    def _sync_result(group: ClassicGroup, member: MemberMetadata) -> SyncResult:
+        return SyncResult(ErrorCode.none, member.assignment, group.protocol_type, group.protocol_name)
+
+    # --- LeaveGroup ----------------------------------------------------------------------
+
+    def leave_group(
+        self, group_id: str, members: list[tuple[str, str | None]]
+    ) -> tuple[ErrorCode, list[ErrorCode]]:
+        """Remove each (member id, group instance id); returns the group error and one error per member."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return ErrorCode.none, [ErrorCode.unknown_member_id for _ in members]
+        if group.is_(GroupState.DEAD):
+            return ErrorCode.coordinator_not_available, []
+        errors = []
+        for member_id, group_instance_id in members:
+            if group_instance_id is not None:
+                current = group.static_member_id(group_instance_id)
+                if current is None:
+                    errors.append(ErrorCode.unknown_member_id)
+                    continue
+                if member_id != UNKNOWN_MEMBER_ID and member_id != current:
+                    errors.append(ErrorCode.fenced_instance_id)
+                    continue
+                member_id = current
+            elif member_id in group.pending_members:
+                group.pending_members.pop(member_id).cancel()
+                self._maybe_complete_join(group)
+                errors.append(ErrorCode.none)
+                continue
+            member = group.members.get(member_id)
+            if member is None:
+                errors.append(ErrorCode.unknown_member_id)
+                continue
+            log.info("member left", extra={"group": group.group_id, "member": member_id})
+            self._remove_member_and_update_group(group, member)
+            errors.append(ErrorCode.none)
+        return ErrorCode.none, errors
+
+    # --- offsets -------------------------------------------------------------------------
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        offsets: dict[TopicPartition, OffsetAndMetadata],
+    ) -> dict[TopicPartition, ErrorCode]:
+        error = self._validate_offset_commit(group_id, generation_id, member_id, group_instance_id)
+        if error != ErrorCode.none:
+            return dict.fromkeys(offsets, error)
+        group = self._groups[group_id]
+        results: dict[TopicPartition, ErrorCode] = {}
+        valid: dict[TopicPartition, OffsetAndMetadata] = {}
+        for tp, offset in offsets.items():
+            if len(offset.metadata.encode()) > self.config.offset_metadata_max_bytes:
+                results[tp] = ErrorCode.offset_metadata_too_large
+            else:
+                valid[tp] = offset
+        if valid:
+            outcome = self._manager.store_offsets(group_id, valid)
+            if outcome.error == ErrorCode.none:
+                group.offsets.update(valid)
+            for tp in valid:
+                results[tp] = outcome.error
+        return results
+
+    def _validate_offset_commit(
+        self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None
+    ) -> ErrorCode:
+        if not group_id:
+            return ErrorCode.invalid_group_id
+        self._ensure_offsets_topic()
+        group = self._groups.get(group_id)
+        if group is None:
+            if generation_id >= 0:
+                return ErrorCode.illegal_generation
+            # A standalone consumer (assign(), no membership) commits for a group of its own.
+            self._groups[group_id] = ClassicGroup(group_id, self._time_ms())
+            return ErrorCode.none
+        if group.is_(GroupState.DEAD):
+            return ErrorCode.coordinator_not_available
+        if generation_id < 0 and group.is_(GroupState.EMPTY):
+            return ErrorCode.none
+        if group.is_static_member_fenced(member_id, group_instance_id):
+            return ErrorCode.fenced_instance_id
+        member = group.members.get(member_id)
+        if member is None:
+            return ErrorCode.unknown_member_id
+        if generation_id != group.generation_id:
+            return ErrorCode.illegal_generation
+        if group.is_(GroupState.COMPLETING_REBALANCE):
+            return ErrorCode.rebalance_in_progress
+        self._schedule_heartbeat_expiration(group, member)
+        return ErrorCode.none
+
+    def fetch_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None
+    ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """Committed offsets of ``partitions`` (None: every partition the group has an offset for)."""
+        group = self._groups.get(group_id)
+        offsets = group.offsets if group is not None and not group.is_(GroupState.DEAD) else {}
+        if partitions is None:
+            return dict(offsets)
+        return {tp: offsets.get(tp) for tp in partitions}
+
+    def delete_offsets(
+        self, group_id: str, partitions: list[TopicPartition]
+    ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
+        group = self._groups.get(group_id)
+        if group is None or group.is_(GroupState.DEAD):
+            return ErrorCode.group_id_not_found, {}
+        results: dict[TopicPartition, ErrorCode] = {}
+        if not group.is_(GroupState.EMPTY):
+            if group.protocol_type != "consumer":
+                return ErrorCode.non_empty_group, {}
+            subscribed = group.subscribed_topics()
+            for tp in partitions:
+                if subscribed is None or tp.topic in subscribed:
+                    results[tp] = ErrorCode.group_subscribed_to_topic
+        deletable = [tp for tp in partitions if tp not in results and tp in group.offsets]
+        outcome = self._manager.delete_offsets(group_id, deletable)
+        if outcome.error != ErrorCode.none:
+            return outcome.error, {}
+        for tp in deletable:
+            del group.offsets[tp]
+        for tp in partitions:
+            results.setdefault(tp, ErrorCode.none)
+        return ErrorCode.none, results
+
+    def expire_offsets(self) -> int:
+        """offsets.retention.minutes: drop offsets of groups that stayed empty that long; returns count."""
+        now = self._time_ms()
+        retention = self.config.offsets_retention_ms
+        removed = 0
+        for group in list(self._groups.values()):
+            expired = [
+                tp
+                for tp, offset in group.offsets.items()
+                if self._is_expired(group, tp, offset, now, retention)
+            ]
+            if expired:
+                if self._manager.delete_offsets(group.group_id, expired).error != ErrorCode.none:
+                    continue
+                for tp in expired:
+                    del group.offsets[tp]
+                removed += len(expired)
+                log.info("expired offsets", extra={"group": group.group_id, "partitions": len(expired)})
+            if group.is_(GroupState.EMPTY) and not group.offsets and not group.pending_members:
+                if group.generation_id > 0 and self._manager.delete_group(group).error != ErrorCode.none:
+                    continue
+                group.transition_to(GroupState.DEAD, now)
+                del self._groups[group.group_id]
+        return removed
+
+    @staticmethod
+    def _is_expired(
+        group: ClassicGroup, tp: TopicPartition, offset: OffsetAndMetadata, now: int, retention: int
+    ) -> bool:
+        if offset.expire_timestamp >= 0:
+            return now >= offset.expire_timestamp
+        if group.is_(GroupState.EMPTY):
+            # KIP-211: retention counts from when the group became empty (standalone commits: from the commit).
+            base = group.current_state_timestamp if group.protocol_type else offset.commit_timestamp
+            return now - base >= retention
+        if group.is_(GroupState.STABLE):
+            subscribed = group.subscribed_topics()
+            return (
+                subscribed is not None
+                and tp.topic not in subscribed
+                and now - offset.commit_timestamp >= retention
+            )
+        return False
+
+    # --- admin ---------------------------------------------------------------------------
+
+    def group(self, group_id: str) -> ClassicGroup | None:
+        group = self._groups.get(group_id)
+        return None if group is None or group.is_(GroupState.DEAD) else group
+
+    def list_groups(self, states: set[str] | None, types: set[str] | None) -> list[ClassicGroup]:
+        """Groups, filtered by state names and group types (case-insensitive; empty means all)."""
+        if types and CLASSIC_GROUP_TYPE not in {t.lower() for t in types}:
+            return []
+        wanted = {s.lower() for s in states} if states else None
+        return [
+            g
+            for g in self._groups.values()
+            if not g.is_(GroupState.DEAD) and (wanted is None or g.state.value.lower() in wanted)
+        ]
+
+    def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
+        results: dict[str, ErrorCode] = {}
+        for group_id in group_ids:
+            group = self._groups.get(group_id)
+            if not group_id:
+                results[group_id] = ErrorCode.invalid_group_id
+            elif group is None or group.is_(GroupState.DEAD):
+                results[group_id] = ErrorCode.group_id_not_found
+            elif not group.is_(GroupState.EMPTY):
+                results[group_id] = ErrorCode.non_empty_group
+            else:
+                outcome = self._manager.delete_group(group)
+                results[group_id] = outcome.error
+                if outcome.error == ErrorCode.none:
+                    group.cancel_timers()
+                    group.transition_to(GroupState.DEAD, self._time_ms())
+                    del self._groups[group_id]
+                    log.info("deleted group", extra={"group": group_id})
+        return results

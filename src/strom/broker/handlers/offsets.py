@@ -1,0 +1,158 @@
+"""Committed offsets: OffsetCommit (8), OffsetFetch (9) and OffsetDelete (47)."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+from strom.broker.coordinator.group import OffsetAndMetadata
+from strom.broker.dispatcher import RequestContext
+from strom.broker.partition import TopicPartition
+from strom.protocol.errors import ErrorCode
+from strom.protocol.messages import build
+
+_MS = datetime.timedelta(milliseconds=1)
+NO_OFFSET = -1
+NO_LEADER_EPOCH = -1
+
+
+def _known_partition(ctx: RequestContext, tp: TopicPartition) -> bool:
+    topic = ctx.broker.control_plane.image.topic(tp.topic)
+    return topic is not None and 0 <= tp.partition < len(topic.partitions)
+
+
+async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    now = time.time_ns() // 1_000_000
+    retention = getattr(request, "retention_time", None)
+    retention_ms = int(retention / _MS) if retention is not None else -1
+    # v2-v4 may ask for their own retention; -1 means the broker's offsets.retention.minutes.
+    expire_timestamp = now + retention_ms if retention_ms >= 0 else -1
+    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+    unknown: set[TopicPartition] = set()
+    for topic in request.topics:
+        for p in topic.partitions:
+            tp = TopicPartition(topic.name, p.partition_index)
+            if not _known_partition(ctx, tp):
+                unknown.add(tp)
+                continue
+            offsets[tp] = OffsetAndMetadata(
+                offset=p.committed_offset,
+                leader_epoch=getattr(p, "committed_leader_epoch", NO_LEADER_EPOCH),
+                metadata=p.committed_metadata or "",
+                commit_timestamp=now,
+                expire_timestamp=expire_timestamp,
+            )
+    errors: dict[TopicPartition, ErrorCode] = dict.fromkeys(unknown, ErrorCode.unknown_topic_or_partition)
+    if offsets:
+        errors.update(
+            ctx.broker.group_coordinator.commit_offsets(
+                request.group_id,
+                getattr(request, "generation_id_or_member_epoch", -1),
+                request.member_id,
+                getattr(request, "group_instance_id", None),
+                offsets,
+            )
+        )
+    return build(
+        r.OffsetCommitResponse,
+        topics=tuple(
+            build(
+                r.OffsetCommitResponseTopic,
+                name=topic.name,
+                partitions=tuple(
+                    build(
+                        r.OffsetCommitResponsePartition,
+                        partition_index=p.partition_index,
+                        error_code=errors[TopicPartition(topic.name, p.partition_index)],
+                    )
+                    for p in topic.partitions
+                ),
+            )
+            for topic in request.topics
+        ),
+    )
+
+
+def _fetch_group_topics(
+    ctx: RequestContext, group_id: str, requested: Any, topic_type: Any, partition_type: Any
+) -> tuple[Any, ...]:
+    """One group's answer: the requested partitions, or (``requested`` None) every committed one."""
+    coordinator = ctx.broker.group_coordinator
+    if requested is None:
+        found = coordinator.fetch_offsets(group_id, None)
+    else:
+        found = coordinator.fetch_offsets(
+            group_id, [TopicPartition(t.name, i) for t in requested for i in t.partition_indexes]
+        )
+    by_topic: dict[str, list[Any]] = {}
+    for tp, offset in found.items():
+        by_topic.setdefault(tp.topic, []).append(
+            build(
+                partition_type,
+                partition_index=tp.partition,
+                committed_offset=offset.offset if offset is not None else NO_OFFSET,
+                committed_leader_epoch=offset.leader_epoch if offset is not None else NO_LEADER_EPOCH,
+                metadata=offset.metadata if offset is not None else "",
+                error_code=ErrorCode.none,
+            )
+        )
+    return tuple(build(topic_type, name=name, partitions=tuple(parts)) for name, parts in by_topic.items())
+
+
+async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    if hasattr(request, "groups"):  # v8+: several groups per request
+        return build(
+            r.OffsetFetchResponse,
+            groups=tuple(
+                build(
+                    r.OffsetFetchResponseGroup,
+                    group_id=group.group_id,
+                    topics=_fetch_group_topics(
+                        ctx,
+                        group.group_id,
+                        group.topics,
+                        r.OffsetFetchResponseTopics,
+                        r.OffsetFetchResponsePartitions,
+                    ),
+                    error_code=ErrorCode.none,
+                )
+                for group in request.groups
+            ),
+        )
+    return build(
+        r.OffsetFetchResponse,
+        topics=_fetch_group_topics(
+            ctx, request.group_id, request.topics, r.OffsetFetchResponseTopic, r.OffsetFetchResponsePartition
+        ),
+        error_code=ErrorCode.none,
+    )
+
+
+async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    requested = [TopicPartition(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+    error, results = ctx.broker.group_coordinator.delete_offsets(request.group_id, requested)
+    if error != ErrorCode.none:
+        return build(r.OffsetDeleteResponse, error_code=error, topics=())
+    return build(
+        r.OffsetDeleteResponse,
+        error_code=ErrorCode.none,
+        topics=tuple(
+            build(
+                r.OffsetDeleteResponseTopic,
+                name=t.name,
+                partitions=tuple(
+                    build(
+                        r.OffsetDeleteResponsePartition,
+                        partition_index=p.partition_index,
+                        error_code=results[TopicPartition(t.name, p.partition_index)],
+                    )
+                    for p in t.partitions
+                ),
+            )
+            for t in request.topics
+        ),
+    )
