@@ -218,6 +218,23 @@ _IMPLEMENTED = (
         "How long committed offsets of an empty group are kept.",
     ),
     _key(
+        "offsets.topic.segment.bytes",
+        T.INT,
+        100 * 1024 * 1024,
+        Range(1),
+        "segment.bytes of __consumer_offsets.",
+    ),
+    _key(
+        "offsets.retention.check.interval.ms",
+        T.LONG,
+        600000,
+        Range(1),
+        "How often expired offsets are looked for.",
+    ),
+    _key(
+        "offset.metadata.max.bytes", T.INT, 4096, None, "The largest metadata string of a committed offset."
+    ),
+    _key(
         "num.recovery.threads.per.data.dir",
         T.INT,
         2,
@@ -324,23 +341,6 @@ _ACCEPTED = (
         "controlled.shutdown.enable", T.BOOLEAN, True, None, "Move leadership away before shutting down."
     ),
     _accepted("broker.rack", T.STRING, None, None, "The broker's rack."),
-    _key(
-        "offsets.topic.segment.bytes",
-        T.INT,
-        100 * 1024 * 1024,
-        Range(1),
-        "segment.bytes of __consumer_offsets.",
-    ),
-    _key(
-        "offsets.retention.check.interval.ms",
-        T.LONG,
-        600000,
-        Range(1),
-        "How often expired offsets are looked for.",
-    ),
-    _key(
-        "offset.metadata.max.bytes", T.INT, 4096, None, "The largest metadata string of a committed offset."
-    ),
     _accepted(
         "transaction.state.log.num.partitions", T.INT, 50, Range(1), "Partitions of __transaction_state."
     ),

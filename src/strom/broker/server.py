@@ -204,6 +204,12 @@ class BrokerServer:
             )
 
     def auto_create_topic(self, name: str) -> TopicState:
+        if name == OFFSETS_TOPIC:
+            # An internal topic is created with its own layout, never with the defaults of user topics.
+            self._ensure_offsets_topic()
+            topic = self.control_plane.image.topic(name)
+            assert topic is not None
+            return topic
         return self.create_topic(name, self.config.num_partitions, {})
 
     def delete_topic(self, name: str) -> TopicState | None:

@@ -37,6 +37,10 @@ class PartitionState:
         )
 
 
+# Kafka's internal topics: clients see them flagged in Metadata and cannot produce to them.
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+
+
 @dataclass(slots=True)
 class TopicState:
     name: str
@@ -46,7 +50,7 @@ class TopicState:
 
     @property
     def internal(self) -> bool:
-        return self.name.startswith("__")
+        return self.name in INTERNAL_TOPICS
 
     def to_json(self) -> dict[str, Any]:
         return {
