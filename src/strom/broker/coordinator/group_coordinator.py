@@ -570,8 +570,11 @@ class GroupCoordinator:
         member_id: str,
         group_instance_id: str | None,
         offsets: dict[TopicPartition, OffsetAndMetadata],
+        request_version: int,
     ) -> dict[TopicPartition, ErrorCode]:
-        error = self._validate_offset_commit(group_id, generation_id, member_id, group_instance_id)
+        error = self._validate_offset_commit(
+            group_id, generation_id, member_id, group_instance_id, request_version
+        )
         if error != ErrorCode.none:
             return dict.fromkeys(offsets, error)
         group = self._groups[group_id]
@@ -591,7 +594,12 @@ class GroupCoordinator:
         return results
 
     def _validate_offset_commit(
-        self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        request_version: int,
     ) -> ErrorCode:
         if not group_id:
             return ErrorCode.invalid_group_id
@@ -599,7 +607,8 @@ class GroupCoordinator:
         group = self._groups.get(group_id)
         if group is None:
             if generation_id >= 0:
-                return ErrorCode.illegal_generation
+                # v9 tells the client the group is gone; older versions keep Kafka's ILLEGAL_GENERATION.
+                return ErrorCode.group_id_not_found if request_version >= 9 else ErrorCode.illegal_generation
             # A standalone consumer (assign(), no membership) commits for a group of its own.
             self._groups[group_id] = ClassicGroup(group_id, self._time_ms())
             return ErrorCode.none

@@ -166,7 +166,8 @@ def _described_group(ctx: RequestContext, group_id: str, group: ClassicGroup | N
         group_id=group_id,
         group_state=group.state.value,
         protocol_type=group.protocol_type or "",
-        protocol_data=group.protocol_name or "",
+        # Kafka names the protocol only for a settled (Stable) generation.
+        protocol_data=group.protocol_name or "" if stable else "",
         members=members,
         authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
     )

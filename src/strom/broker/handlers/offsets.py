@@ -53,6 +53,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
                 request.member_id,
                 getattr(request, "group_instance_id", None),
                 offsets,
+                ctx.version,
             )
         )
     return build(
