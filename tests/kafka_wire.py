@@ -8,12 +8,15 @@ answer a test reads, usually the single partition's result.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import importlib
 import io
 import socket
 import struct
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 from kio.index import load_response_schema
@@ -277,5 +280,255 @@ class KafkaWire:
                 topics=tuple(metadata12.MetadataRequestTopic(topic_id=ZERO_UUID, name=n) for n in topics),
                 allow_auto_topic_creation=True,
                 include_topic_authorized_operations=False,
+            )
+        )
+
+
+# -- any version of an API -------------------------------------------------------------------
+
+
+def kio_request(api: str, version: int) -> ModuleType:
+    """kio's request module of ``api`` (its snake_case name, as in ``kio.schema``) at ``version``."""
+    return importlib.import_module(f"kio.schema.{api}.v{version}.request")
+
+
+def build_entity(entity_type: type[Any], **fields: Any) -> Any:
+    """A kio entity from the fields its version has; the fields it lacks are left out.
+
+    This lets one call describe a request for every version of an API: older versions
+    simply do not carry the newer fields (a member's group_instance_id, say).
+    """
+    names = {f.name for f in dataclasses.fields(entity_type)}
+    return entity_type(**{k: v for k, v in fields.items() if k in names})
+
+
+def _ms(value: int) -> datetime.timedelta:
+    return datetime.timedelta(milliseconds=value)
+
+
+class GroupWire(KafkaWire):
+    """KafkaWire plus the group coordinator's APIs, each at any version kio knows.
+
+    Every method sends one request and returns the whole response, except ``start``, which
+    sends without waiting: JoinGroup and SyncGroup block in the broker until the rebalance
+    step completes, so a test drives each member through its own connection.
+    """
+
+    def __enter__(self) -> GroupWire:
+        return self
+
+    def start(self, request: Any) -> Callable[[], Any]:
+        """Send ``request`` now; the returned function waits for and decodes its response."""
+        correlation_id = self.send(request)
+        return lambda: self.receive(type(request), correlation_id)
+
+    def find_coordinator(self, *keys: str, version: int = 6, key_type: int = 0) -> Any:
+        """FindCoordinator for ``keys`` (v0-v3 take exactly one key; v4+ batch them)."""
+        m = kio_request("find_coordinator", version)
+        if version >= 4:
+            return self.request(m.FindCoordinatorRequest(key_type=key_type, coordinator_keys=keys))
+        (key,) = keys
+        return self.request(build_entity(m.FindCoordinatorRequest, key=key, key_type=key_type))
+
+    @staticmethod
+    def join_group_request(
+        group_id: str,
+        member_id: str,
+        protocols: Sequence[tuple[str, bytes]],
+        *,
+        version: int = 9,
+        session_timeout_ms: int = 10000,
+        rebalance_timeout_ms: int = 10000,
+        group_instance_id: str | None = None,
+        protocol_type: str = "consumer",
+    ) -> Any:
+        m = kio_request("join_group", version)
+        return build_entity(
+            m.JoinGroupRequest,
+            group_id=group_id,
+            session_timeout=_ms(session_timeout_ms),
+            rebalance_timeout=_ms(rebalance_timeout_ms),
+            member_id=member_id,
+            group_instance_id=group_instance_id,
+            protocol_type=protocol_type,
+            protocols=tuple(m.JoinGroupRequestProtocol(name=n, metadata=md) for n, md in protocols),
+        )
+
+    def join_group(
+        self, group_id: str, member_id: str, protocols: Sequence[tuple[str, bytes]], **kw: Any
+    ) -> Any:
+        """JoinGroup that the test expects to be answered without waiting for other members."""
+        return self.request(self.join_group_request(group_id, member_id, protocols, **kw))
+
+    @staticmethod
+    def sync_group_request(
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        assignments: Mapping[str, bytes] | None = None,
+        *,
+        version: int = 5,
+        group_instance_id: str | None = None,
+        protocol_type: str | None = None,
+        protocol_name: str | None = None,
+    ) -> Any:
+        m = kio_request("sync_group", version)
+        return build_entity(
+            m.SyncGroupRequest,
+            group_id=group_id,
+            generation_id=generation_id,
+            member_id=member_id,
+            group_instance_id=group_instance_id,
+            protocol_type=protocol_type,
+            protocol_name=protocol_name,
+            assignments=tuple(
+                m.SyncGroupRequestAssignment(member_id=k, assignment=v)
+                for k, v in (assignments or {}).items()
+            ),
+        )
+
+    def heartbeat(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        *,
+        version: int = 4,
+        group_instance_id: str | None = None,
+    ) -> int:
+        """Heartbeat; its error code."""
+        m = kio_request("heartbeat", version)
+        response = self.request(
+            build_entity(
+                m.HeartbeatRequest,
+                group_id=group_id,
+                generation_id=generation_id,
+                member_id=member_id,
+                group_instance_id=group_instance_id,
+            )
+        )
+        error: int = response.error_code
+        return error
+
+    def leave_group(self, group_id: str, *members: tuple[str, str | None], version: int = 5) -> Any:
+        """LeaveGroup of (member id, group instance id) pairs (v0-v2 take exactly one member id)."""
+        m = kio_request("leave_group", version)
+        if version < 3:
+            ((member_id, _),) = members
+            return self.request(m.LeaveGroupRequest(group_id=group_id, member_id=member_id))
+        identities = tuple(
+            build_entity(m.MemberIdentity, member_id=mid, group_instance_id=iid, reason=None)
+            for mid, iid in members
+        )
+        return self.request(m.LeaveGroupRequest(group_id=group_id, members=identities))
+
+    def offset_commit(
+        self,
+        group_id: str,
+        offsets: Mapping[tuple[str, int], tuple[int, str | None]],
+        *,
+        version: int = 9,
+        generation_id: int = -1,
+        member_id: str = "",
+        group_instance_id: str | None = None,
+        retention_time_ms: int = -1,
+        leader_epoch: int = -1,
+    ) -> dict[tuple[str, int], int]:
+        """OffsetCommit of {(topic, partition): (offset, metadata)}; each partition's error code."""
+        m = kio_request("offset_commit", version)
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, partition), (offset, metadata) in offsets.items():
+            by_topic.setdefault(topic, []).append(
+                build_entity(
+                    m.OffsetCommitRequestPartition,
+                    partition_index=partition,
+                    committed_offset=offset,
+                    committed_leader_epoch=leader_epoch,
+                    committed_metadata=metadata,
+                )
+            )
+        response = self.request(
+            build_entity(
+                m.OffsetCommitRequest,
+                group_id=group_id,
+                generation_id_or_member_epoch=generation_id,
+                member_id=member_id,
+                group_instance_id=group_instance_id,
+                retention_time=_ms(retention_time_ms),
+                topics=tuple(
+                    m.OffsetCommitRequestTopic(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()
+                ),
+            )
+        )
+        return {(t.name, p.partition_index): p.error_code for t in response.topics for p in t.partitions}
+
+    def offset_fetch(
+        self,
+        groups: Mapping[str, Mapping[str, Sequence[int]] | None],
+        *,
+        version: int = 9,
+        require_stable: bool = False,
+    ) -> Any:
+        """OffsetFetch of {group: {topic: partitions} or None for all}; v1-v7 take exactly one group."""
+        m = kio_request("offset_fetch", version)
+        if version >= 8:
+            request_groups = tuple(
+                build_entity(
+                    m.OffsetFetchRequestGroup,
+                    group_id=group_id,
+                    topics=None
+                    if topics is None
+                    else tuple(
+                        m.OffsetFetchRequestTopics(name=t, partition_indexes=tuple(ps))
+                        for t, ps in topics.items()
+                    ),
+                )
+                for group_id, topics in groups.items()
+            )
+            return self.request(m.OffsetFetchRequest(groups=request_groups, require_stable=require_stable))
+        ((group_id, topics),) = groups.items()
+        return self.request(
+            build_entity(
+                m.OffsetFetchRequest,
+                group_id=group_id,
+                topics=None
+                if topics is None
+                else tuple(
+                    m.OffsetFetchRequestTopic(name=t, partition_indexes=tuple(ps)) for t, ps in topics.items()
+                ),
+                require_stable=require_stable,
+            )
+        )
+
+    def describe_groups(self, *group_ids: str, version: int = 6) -> Any:
+        m = kio_request("describe_groups", version)
+        return self.request(
+            build_entity(m.DescribeGroupsRequest, groups=group_ids, include_authorized_operations=False)
+        )
+
+    def list_groups(self, *, version: int = 5, states: Sequence[str] = (), types: Sequence[str] = ()) -> Any:
+        m = kio_request("list_groups", version)
+        return self.request(
+            build_entity(m.ListGroupsRequest, states_filter=tuple(states), types_filter=tuple(types))
+        )
+
+    def delete_groups(self, *group_ids: str, version: int = 2) -> dict[str, int]:
+        """DeleteGroups; each group's error code."""
+        m = kio_request("delete_groups", version)
+        response = self.request(m.DeleteGroupsRequest(groups_names=group_ids))
+        return {r.group_id: r.error_code for r in response.results}
+
+    def offset_delete(self, group_id: str, partitions: Mapping[str, Sequence[int]]) -> Any:
+        m = kio_request("offset_delete", 0)
+        return self.request(
+            m.OffsetDeleteRequest(
+                group_id=group_id,
+                topics=tuple(
+                    m.OffsetDeleteRequestTopic(
+                        name=t,
+                        partitions=tuple(m.OffsetDeleteRequestPartition(partition_index=p) for p in ps),
+                    )
+                    for t, ps in partitions.items()
+                ),
             )
         )

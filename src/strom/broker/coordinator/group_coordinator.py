@@ -64,6 +64,7 @@ class JoinRequest:
     protocol_type: str
     protocols: list[tuple[str, bytes]]
     require_known_member_id: bool  # JoinGroup v4+: a new dynamic member first gets MEMBER_ID_REQUIRED
+    supports_skip_assignment: bool  # JoinGroup v9+ (KIP-814)
 
 
 class GroupCoordinator:
@@ -271,6 +272,17 @@ class GroupCoordinator:
                 return JoinResult(outcome.error, member_id=UNKNOWN_MEMBER_ID)
             self._schedule_heartbeat_expiration(group, member)
             is_leader = group.is_leader(new_member_id)
+            if not req.supports_skip_assignment:
+                # Before JoinGroup v9 a leader cannot be told to skip the assignment: name the old
+                # leader id instead, so the restarted instance acts as a follower and nothing rebalances.
+                return JoinResult(
+                    ErrorCode.none,
+                    generation_id=group.generation_id,
+                    protocol_type=group.protocol_type,
+                    protocol_name=group.protocol_name,
+                    leader_id=old_member_id if is_leader else group.leader_id or "",
+                    member_id=new_member_id,
+                )
             return JoinResult(
                 ErrorCode.none,
                 generation_id=group.generation_id,
@@ -316,6 +328,9 @@ class GroupCoordinator:
             )
         else:
             group.join_timer = self.loop.call_later(rebalance_timeout / 1000, self._complete_join, group)
+            # Everyone left may already have rejoined (or no one is left): complete now, so what the
+            # join writes (e.g. the Empty group) is stored before the triggering request is answered.
+            self._maybe_complete_join(group)
         log.info(
             "preparing to rebalance",
             extra={"group": group.group_id, "generation": group.generation_id, "reason": reason},
@@ -691,20 +706,22 @@ class GroupCoordinator:
     def _is_expired(
         group: ClassicGroup, tp: TopicPartition, offset: OffsetAndMetadata, now: int, retention: int
     ) -> bool:
+        # Which offsets may expire at all (KIP-211), and from when the retention counts.
+        if not group.protocol_type:
+            base = offset.commit_timestamp  # standalone commits, never a member
+        elif group.is_(GroupState.EMPTY):
+            base = group.current_state_timestamp
+        elif group.is_(GroupState.STABLE):
+            subscribed = group.subscribed_topics()
+            if subscribed is None or tp.topic in subscribed:
+                return False
+            base = offset.commit_timestamp
+        else:
+            return False
+        # An explicit expiry (OffsetCommit v2-v4 retention_time) replaces only the age test.
         if offset.expire_timestamp >= 0:
             return now >= offset.expire_timestamp
-        if group.is_(GroupState.EMPTY):
-            # KIP-211: retention counts from when the group became empty (standalone commits: from the commit).
-            base = group.current_state_timestamp if group.protocol_type else offset.commit_timestamp
-            return now - base >= retention
-        if group.is_(GroupState.STABLE):
-            subscribed = group.subscribed_topics()
-            return (
-                subscribed is not None
-                and tp.topic not in subscribed
-                and now - offset.commit_timestamp >= retention
-            )
-        return False
+        return now - base >= retention
 
     # --- admin ---------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
             protocol_type=request.protocol_type,
             protocols=[(p.name, p.metadata) for p in request.protocols],
             require_known_member_id=ctx.version >= 4,
+            supports_skip_assignment=ctx.version >= 9,
         )
     )
     r = ctx.response
