@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from strom.storage.cleaner import CleanerConfig
 from strom.storage.log_config import (
     BROKER_SYNONYMS,
     CONFIG_TYPE_UNKNOWN,
@@ -235,6 +237,48 @@ _IMPLEMENTED = (
         "offset.metadata.max.bytes", T.INT, 4096, None, "The largest metadata string of a committed offset."
     ),
     _key(
+        "log.cleaner.enable",
+        T.BOOLEAN,
+        True,
+        None,
+        "Run the log cleaner, which compacts topics with cleanup.policy=compact (deprecated in Kafka 4.1).",
+    ),
+    _key(
+        "log.cleaner.backoff.ms",
+        T.LONG,
+        15000,
+        Range(0),
+        "How long the cleaner waits between passes over the compacted logs.",
+    ),
+    _key(
+        "log.cleaner.dedupe.buffer.size",
+        T.LONG,
+        128 * 1024 * 1024,
+        None,
+        "Memory for a cleaning round's key-to-offset map; when it fills, the round stops there.",
+    ),
+    _key(
+        "log.cleaner.io.buffer.load.factor",
+        T.DOUBLE,
+        0.9,
+        None,
+        "The fraction of log.cleaner.dedupe.buffer.size the map may fill.",
+    ),
+    _key(
+        "log.cleaner.io.buffer.size",
+        T.INT,
+        512 * 1024,
+        Range(0),
+        "Bytes the cleaner reads from a segment, and buffers for a cleaned one, at a time.",
+    ),
+    _key(
+        "log.cleaner.io.max.bytes.per.second",
+        T.DOUBLE,
+        sys.float_info.max,
+        None,
+        "The cleaner's read plus write rate limit.",
+    ),
+    _key(
         "num.recovery.threads.per.data.dir",
         T.INT,
         2,
@@ -312,8 +356,14 @@ _ACCEPTED = (
         Range(1),
         "min.insync.replicas of the share-group state topic.",
     ),
-    _accepted("log.cleaner.enable", T.BOOLEAN, True, None, "Run the log cleaner."),
-    _accepted("log.cleaner.threads", T.INT, 1, Range(0), "Log cleaner threads.", dynamic=True),
+    _accepted(
+        "log.cleaner.threads",
+        T.INT,
+        1,
+        Range(0),
+        "Log cleaner threads (Strom cleans one log at a time, on one worker thread).",
+        dynamic=True,
+    ),
     _accepted(
         "log.flush.start.offset.checkpoint.interval.ms",
         T.INT,
@@ -644,6 +694,14 @@ class KafkaConfig:
         self.group_max_session_timeout_ms: int = self._int("group.max.session.timeout.ms")
         self.group_max_size: int = self._int("group.max.size")
         self.offsets_retention_minutes: int = self._int("offsets.retention.minutes")
+        self.log_cleaner_enable: bool = self._bool("log.cleaner.enable")
+        self.cleaner_config: CleanerConfig = CleanerConfig(
+            dedupe_buffer_size=self._int("log.cleaner.dedupe.buffer.size"),
+            io_buffer_load_factor=self._float("log.cleaner.io.buffer.load.factor"),
+            io_buffer_size=self._int("log.cleaner.io.buffer.size"),
+            io_max_bytes_per_second=self._float("log.cleaner.io.max.bytes.per.second"),
+            backoff_ms=self._int("log.cleaner.backoff.ms"),
+        )
         self.offsets_retention_check_interval_ms: int = self._int("offsets.retention.check.interval.ms")
         self.offsets_topic_segment_bytes: int = self._int("offsets.topic.segment.bytes")
         self.offset_metadata_max_bytes: int = self._int("offset.metadata.max.bytes")
@@ -771,6 +829,11 @@ class KafkaConfig:
     def _int(self, name: str) -> int:
         value = self._value(name)
         assert isinstance(value, int) and not isinstance(value, bool), name
+        return value
+
+    def _float(self, name: str) -> float:
+        value = self._value(name)
+        assert isinstance(value, float), name
         return value
 
     def _bool(self, name: str) -> bool:

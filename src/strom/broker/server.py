@@ -120,6 +120,11 @@ class BrokerServer:
                 self._every(self.config.offsets_retention_check_interval_ms, self._expire_group_offsets)
             ),
         ]
+        if self.config.log_cleaner_enable:
+            self.log_manager.start_cleaner(self.config.cleaner_config)
+            self._tasks.append(
+                loop.create_task(self._every(self.config.cleaner_config.backoff_ms, self._clean_logs))
+            )
         log.info(
             "broker started",
             extra={"node_id": self.node_id, "ports": self.bound_ports, "cluster_id": self.cluster_id},
@@ -174,6 +179,10 @@ class BrokerServer:
 
     async def _checkpoint(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.checkpoint)
+
+    async def _clean_logs(self) -> None:
+        """Compaction: the cleaner reads and writes segments in worker threads, swaps them in here."""
+        await self.log_manager.clean_logs()
 
     def advertised_endpoint(self) -> tuple[str, int]:
         """The host and port clients are told to connect to (advertised.listeners, else listeners)."""

@@ -1,5 +1,7 @@
-"""Local storage: partition logs made of segments, their indexes, recovery, retention and producer state."""
+"""Local storage: partition logs made of segments, their indexes, recovery, retention, compaction and
+producer state."""
 
+from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner, LogToClean
 from strom.storage.errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
@@ -36,6 +38,8 @@ __all__ = [
     "LATEST_TIMESTAMP",
     "MAX_TIMESTAMP",
     "BatchMetadata",
+    "CleanerConfig",
+    "CleanerStats",
     "CorruptRecordError",
     "FetchDataInfo",
     "InconsistentTopicIdError",
@@ -46,8 +50,10 @@ __all__ = [
     "LeaderEpochFileCache",
     "Log",
     "LogAppendInfo",
+    "LogCleaner",
     "LogConfig",
     "LogManager",
+    "LogToClean",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "ProducerStateEntry",

@@ -9,6 +9,7 @@ the segment list under ``_lock``, the only lock that list mutations take.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import logging
 import os
@@ -16,7 +17,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,12 @@ from strom.storage.log_segment import (
     new_segment,
     next_offset_of_file,
 )
-from strom.storage.log_validator import parse_batches, target_codec, validate_client_batches
+from strom.storage.log_validator import (
+    parse_batches,
+    target_codec,
+    validate_client_batches,
+    validate_record_keys,
+)
 from strom.storage.producer_state import ProducerStateManager
 
 log = logging.getLogger(__name__)
@@ -207,8 +213,11 @@ class Log:
     def _complete_swap(self, swap: Path) -> None:
         """Finish an interrupted swap: the (complete) swap file replaces the segments it covers.
 
-        Replaced segments are renamed ``.deleted`` first, so a crash at any step leaves
-        either the old segments or the swap file to finish with at the next startup.
+        The swap covers the offsets from its base to its last batch's end (the cleaner keeps
+        each group's last batch, if only as an empty header, so that range is exactly the
+        replaced segments'). Every segment file in that range, indexes without their log
+        included, is renamed ``.deleted`` first, so a crash at any step leaves either the old
+        files or the swap file to finish with at the next startup.
         """
         stem = swap.name[: -len(LOG_SUFFIX + SWAP_SUFFIX)]
         if not stem.isdigit():
@@ -217,14 +226,13 @@ class Log:
         base = int(stem)
         end = max(next_offset_of_file(swap, base), base + 1)
         replaced = []
-        for old in self._segment_bases_on_disk():
-            if base <= old < end:
-                for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-                    path = self.dir / file_name(old, suffix)
-                    if path.exists():
-                        deleted = path.with_name(path.name + DELETED_SUFFIX)
-                        os.replace(path, deleted)
-                        replaced.append(deleted)
+        for path in sorted(self.dir.iterdir()):
+            for suffix in (TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX):
+                other = path.name[: -len(suffix)]
+                if path.name.endswith(suffix) and other.isdigit() and base <= int(other) < end:
+                    deleted = path.with_name(path.name + DELETED_SUFFIX)
+                    os.replace(path, deleted)
+                    replaced.append(deleted)
         os.replace(swap, self.dir / file_name(base, LOG_SUFFIX))
         for path in replaced:
             path.unlink()
@@ -343,6 +351,10 @@ class Log:
     def _floor_segment_index(self, offset: int) -> int:
         return max(bisect.bisect_right(self._bases, offset) - 1, 0)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise KafkaStorageError(f"log {self.dir.name} is closed")
@@ -360,6 +372,8 @@ class Log:
         headers = parse_batches(records, config.max_message_bytes)
         now = self._time_ms()
         validate_client_batches(headers, config, now)
+        if config.compact:
+            validate_record_keys(records, headers, f"{self.topic}-{self.partition}")
         codec = target_codec(config)
         if codec is not None and any(header.compression != codec for header in headers):
             records, headers = self._recompress(records, codec)
@@ -538,7 +552,11 @@ class Log:
             return None
         for segment in self._segments:
             if segment.max_timestamp_so_far >= timestamp:
-                return self._search_segment(segment, timestamp)
+                # Compaction can leave a segment whose newest records (or batches emptied
+                # down to their header) are gone: go on to the next segment then.
+                found = self._search_segment(segment, timestamp)
+                if found is not None:
+                    return found
         return None
 
     def _max_timestamp_and_offset(self) -> TimestampAndOffset | None:
@@ -669,6 +687,61 @@ class Log:
         )
         return len(deletable)
 
+    def replace_segments(self, old: Sequence[LogSegment], sizes: Sequence[int]) -> LogSegment | None:
+        """Swap in the cleaner's ``<base>.{log,index,timeindex}.cleaned`` files for ``old``.
+
+        ``old`` are consecutive closed segments, the first at ``<base>``, and ``sizes`` their
+        sizes when the cleaner read them. Returns None, touching nothing, if the log changed
+        since (closed, retention or truncation removed or cut one of them); the caller then
+        deletes its files. Runs on the event-loop thread, where reads run, so no read ever
+        sees a segment closed under it.
+
+        Crash safety: renaming the cleaned log to ``.log.swap`` commits the swap. Then the
+        replaced segments' files are renamed ``.deleted`` (indexes before logs), the swap
+        files take their final names and the ``.deleted`` files are removed. A crash before
+        the commit leaves the old segments (startup deletes ``.cleaned`` files); after it,
+        startup's ``_complete_swap`` finishes the job.
+        """
+        if self._closed or not old:
+            return None
+        start = next((i for i, s in enumerate(self._segments) if s is old[0]), None)
+        if start is None or start + len(old) >= len(self._segments):  # never the active segment
+            return None
+        current = self._segments[start : start + len(old)]
+        if any(a is not b or a.size != size for a, b, size in zip(current, old, sizes, strict=True)):
+            return None
+        base = old[0].base_offset
+        suffixes = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX)  # the log last: its rename commits
+        final = {suffix: self.dir / file_name(base, suffix) for suffix in suffixes}
+        deleted: list[Path] = []
+        try:
+            for suffix in suffixes:
+                cleaned = final[suffix].with_name(final[suffix].name + CLEANED_SUFFIX)
+                os.replace(cleaned, final[suffix].with_name(final[suffix].name + SWAP_SUFFIX))
+            for segment in old:
+                for suffix in (TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX):
+                    path = self.dir / file_name(segment.base_offset, suffix)
+                    doomed = path.with_name(path.name + DELETED_SUFFIX)
+                    with contextlib.suppress(FileNotFoundError):  # an index never written
+                        os.replace(path, doomed)
+                        deleted.append(doomed)
+            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                os.replace(final[suffix].with_name(final[suffix].name + SWAP_SUFFIX), final[suffix])
+            segment = self._open_segment(base)
+            segment.rebuild_indexes_if_corrupt()
+            segment.on_become_inactive()
+        except OSError as e:
+            # The old segments' open files still serve reads; startup completes the swap.
+            raise KafkaStorageError(f"error swapping cleaned segment {base} into {self.dir}: {e}") from e
+        with self._lock:
+            self._segments[start : start + len(old)] = [segment]
+            self._bases = [s.base_offset for s in self._segments]
+        for replaced in old:
+            replaced.close()  # not delete(): its paths now name the new segment's files
+        for path in deleted:
+            path.unlink(missing_ok=True)
+        return segment
+
     def _increment_log_start_offset(self, offset: int, persist: bool = False) -> None:
         """``persist``: tell the listener (DeleteRecords); a start at a segment base is implied by the files."""
         self.log_start_offset = offset
@@ -737,9 +810,16 @@ class Log:
                 segment.close()
 
     def delete(self) -> None:
-        """Close the log and remove its directory."""
+        """Close the log and remove its directory.
+
+        The directory is renamed ``<name>.<id>-delete`` first (as Kafka does; startup finishes
+        such deletions), so a cleaner thread still writing files by path cannot recreate any
+        inside the tree being removed.
+        """
         self.close()
-        shutil.rmtree(self.dir)
+        doomed = self.dir.with_name(f"{self.dir.name}.{uuid.uuid4().hex}-delete")
+        os.rename(self.dir, doomed)
+        shutil.rmtree(doomed)
 
     def __repr__(self) -> str:
         return (

@@ -1,8 +1,9 @@
 """LogManager: every partition log in the broker's log directories.
 
 Each log dir holds ``<topic>-<partition>`` directories plus Kafka's per-dir files:
-``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint`` and, after a
-clean shutdown, ``.kafka_cleanshutdown`` (removed at startup so a crash is noticed).
+``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint``, the log cleaner's
+``cleaner-offset-checkpoint`` and, after a clean shutdown, ``.kafka_cleanshutdown`` (removed at
+startup so a crash is noticed).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from strom.storage.checkpoint import (
     OffsetCheckpointFile,
     fsync_dir,
 )
+from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner
 from strom.storage.errors import KafkaStorageError
 from strom.storage.log import (
     CLEAN_SHUTDOWN_FILE,
@@ -53,6 +55,8 @@ class LogManager:
         self._logs: dict[tuple[str, int], Log] = {}
         # Checkpoint files are written from the event loop (DeleteRecords) and worker threads.
         self._checkpoint_lock = threading.Lock()
+        # Compaction of logs with cleanup.policy=compact; None until start_cleaner.
+        self.cleaner: LogCleaner | None = None
 
     # --- startup --------------------------------------------------------------------
 
@@ -172,6 +176,8 @@ class LogManager:
             return
         log_.delete()
         self._checkpoint_dir(log_.dir.parent)
+        if self.cleaner is not None:
+            self.cleaner.forget(log_)
         log.info("deleted log", extra={"log": log_.dir.name})
 
     # --- background work ----------------------------------------------------------
@@ -184,6 +190,17 @@ class LogManager:
             deleted += log_.delete_retention_segments(now)
             log_.producer_state.remove_expired_producers(now, self.producer_id_expiration_ms)
         return deleted
+
+    def start_cleaner(self, config: CleanerConfig) -> LogCleaner:
+        """Create the log cleaner (log.cleaner.enable); the broker schedules ``clean_logs``."""
+        self.cleaner = LogCleaner(config, self._time_ms)
+        return self.cleaner
+
+    async def clean_logs(self) -> list[CleanerStats]:
+        """One cleaning pass over every compacted log (on the event loop; the work runs in threads)."""
+        if self.cleaner is None:
+            return []
+        return await self.cleaner.clean_logs(self.all_logs())
 
     def flush_dirty_logs(self) -> None:
         """Flush logs with a rolled segment to sync or whose flush.ms passed (call from a worker thread)."""

@@ -1,12 +1,13 @@
 """LogValidator: the checks a leader applies to a client's record set before it is appended.
 
 Everything is decided from the 61-byte batch headers and one CRC-32C pass per
-batch: records are never decompressed or iterated here.
+batch; records are decoded only for compacted topics, whose records must have keys.
 """
 
 from __future__ import annotations
 
 from strom.records import batch as rb
+from strom.records.codec import decode_batch
 from strom.storage.errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -86,3 +87,27 @@ def validate_client_batches(headers: list[rb.BatchHeader], config: LogConfig, no
                         f"[{earliest}, {latest}] (message.timestamp.before/after.max.ms)"
                     )
                     raise InvalidTimestampError(message, [(index, message)])
+
+
+def validate_record_keys(
+    records: bytes | bytearray | memoryview, headers: list[rb.BatchHeader], topic_partition: str
+) -> None:
+    """Kafka's rule for compacted topics: every record needs a key (LogValidator.validateKey).
+
+    As in Kafka, the first batch with keyless records fails the append with INVALID_RECORD
+    and one record error per keyless record, indexed by its position in that batch.
+    """
+    message = f"Compacted topic cannot accept message without key in topic partition {topic_partition}."
+    for header in headers:
+        try:
+            batch = decode_batch(records, header.position, verify_crc=False)
+        except rb.InvalidBatchError as e:
+            raise CorruptRecordError(f"record batch at position {header.position} is malformed: {e}") from e
+        errors = [(index, message) for index, record in enumerate(batch.records) if record.key is None]
+        if errors:
+            shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
+            raise InvalidRecordError(
+                f"One or more records have been rejected due to {len(errors)} record errors in total, "
+                f"and only showing the first three errors at most: [{shown}]",
+                errors,
+            )
