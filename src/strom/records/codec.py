@@ -46,7 +46,7 @@ from strom.records.batch import (
     read_header,
 )
 from strom.records.compression import CompressionError, compress_to_buffer, decompress_to_buffer
-from strom.records.varint import MAX_VARLONG_BYTES, VarintError, read_varint, write_varint
+from strom.records.varint import MAX_VARLONG_BYTES, VarintError, read_varint_fast, write_varint
 
 Header = tuple[str, bytes | None]
 
@@ -167,7 +167,7 @@ def _decode_records(
 ) -> list[Record]:
     records: list[Record] = []
     append = records.append
-    varint = _varint
+    varint = read_varint_fast
     try:
         for _ in range(count):
             length, position = varint(data, position)
@@ -219,18 +219,6 @@ def _decode_records(
     return records
 
 
-def _varint(data: bytes | memoryview, position: int, max_bytes: int = 5) -> tuple[int, int]:
-    # One- and two-byte varints (values -8192..8191) cover most record fields.
-    byte = data[position]
-    if byte < 0x80:
-        return (byte >> 1) ^ -(byte & 1), position + 1
-    second = data[position + 1]
-    if second < 0x80:
-        unsigned = (byte & 0x7F) | (second << 7)
-        return (unsigned >> 1) ^ -(unsigned & 1), position + 2
-    return read_varint(data, position, max_bytes)
-
-
 def _check_null(size: int) -> None:
     if size != -1:
         raise InvalidBatchError(f"invalid field length {size}", corrupt=True)
@@ -257,7 +245,7 @@ _SET_OFFSET, _SET_TIMESTAMP, _SET_KEY, _SET_VALUE, _SET_HEADERS = (
 
 
 def _read_bytes(data: bytes | memoryview, position: int, limit: int) -> tuple[bytes | None, int]:
-    size, position = _varint(data, position)
+    size, position = read_varint_fast(data, position)
     if size < 0:
         _check_null(size)
         return None, position

@@ -67,7 +67,7 @@ from typing import Any, Final
 
 from strom.records import batch as rb
 from strom.records.compression import CompressionError, compress, decompress
-from strom.records.varint import MAX_VARLONG_BYTES, VarintError, read_varint, write_varint
+from strom.records.varint import MAX_VARLONG_BYTES, VarintError, read_varint_fast, write_varint
 from strom.storage.checkpoint import OffsetCheckpointFile, fsync_dir
 from strom.storage.errors import CorruptRecordError, KafkaStorageError, StorageError
 from strom.storage.index import OffsetIndex, TimeIndex
@@ -836,18 +836,6 @@ def _fsync_path(path: Path) -> None:
 # --- record-level encoding -----------------------------------------------------------------
 
 
-def _varint(data: bytes, position: int, max_bytes: int = 5) -> tuple[int, int]:
-    # One- and two-byte varints (-8192..8191) are most record fields: decode those inline.
-    byte = data[position]
-    if byte < 0x80:
-        return (byte >> 1) ^ -(byte & 1), position + 1
-    second = data[position + 1]
-    if second < 0x80:
-        unsigned = (byte & 0x7F) | (second << 7)
-        return (unsigned >> 1) ^ -(unsigned & 1), position + 2
-    return read_varint(data, position, max_bytes)
-
-
 def _parse_records(data: bytes, position: int, end: int, count: int, base_offset: int) -> list[_ParsedRecord]:
     """Each record's (start, body start, end of timestamp delta, end, offset delta, timestamp
     delta, key, has value); raises CorruptRecordError for malformed records."""
@@ -856,22 +844,22 @@ def _parse_records(data: bytes, position: int, end: int, count: int, base_offset
     try:
         for _ in range(count):
             start = position
-            length, position = _varint(data, position)
+            length, position = read_varint_fast(data, position)
             body = position
             record_end = body + length
             if length <= 0 or record_end > end:
                 raise ValueError(f"record length {length} runs past its batch")
-            timestamp_delta, position = _varint(data, body + 1, MAX_VARLONG_BYTES)
+            timestamp_delta, position = read_varint_fast(data, body + 1, MAX_VARLONG_BYTES)
             after_timestamp = position
-            offset_delta, position = _varint(data, position)
-            key_length, position = _varint(data, position)
+            offset_delta, position = read_varint_fast(data, position)
+            key_length, position = read_varint_fast(data, position)
             key: bytes | None = None
             if key_length >= 0:
                 key = data[position : position + key_length]
                 position += key_length
             elif key_length != -1:
                 raise ValueError(f"invalid key length {key_length}")
-            value_length, position = _varint(data, position)
+            value_length, position = read_varint_fast(data, position)
             if value_length < -1 or position + max(value_length, 0) > record_end:
                 raise ValueError(f"invalid value length {value_length}")
             append(
