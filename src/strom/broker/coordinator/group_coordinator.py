@@ -18,6 +18,7 @@ the state machine completes, and the timers are the loop's own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -271,28 +272,16 @@ class GroupCoordinator:
                 member.protocols = old_protocols
                 return JoinResult(outcome.error, member_id=UNKNOWN_MEMBER_ID)
             self._schedule_heartbeat_expiration(group, member)
-            is_leader = group.is_leader(new_member_id)
             if not req.supports_skip_assignment:
                 # Before JoinGroup v9 a leader cannot be told to skip the assignment: name the old
                 # leader id instead, so the restarted instance acts as a follower and nothing rebalances.
-                return JoinResult(
-                    ErrorCode.none,
-                    generation_id=group.generation_id,
-                    protocol_type=group.protocol_type,
-                    protocol_name=group.protocol_name,
-                    leader_id=old_member_id if is_leader else group.leader_id or "",
-                    member_id=new_member_id,
-                )
-            return JoinResult(
-                ErrorCode.none,
-                generation_id=group.generation_id,
-                protocol_type=group.protocol_type,
-                protocol_name=group.protocol_name,
-                leader_id=group.leader_id or "",
-                member_id=new_member_id,
-                skip_assignment=is_leader,
-                members=group.current_member_metadata() if is_leader else (),
-            )
+                result = self._current_join_result(group, new_member_id, leader_gets_members=False)
+                if group.is_leader(new_member_id):
+                    result = dataclasses.replace(result, leader_id=old_member_id)
+                return result
+            # KIP-814: the leader gets the members but keeps the current assignment.
+            result = self._current_join_result(group, new_member_id)
+            return dataclasses.replace(result, skip_assignment=group.is_leader(new_member_id))
         future: asyncio.Future[JoinResult] = self.loop.create_future()
         member.join_future = future
         self._maybe_prepare_rebalance(group, f"static member {req.group_instance_id} rejoined")
