@@ -223,7 +223,8 @@ _IMPLEMENTED = (
         "offsets.topic.segment.bytes",
         T.INT,
         100 * 1024 * 1024,
-        Range(1),
+        # The topic's own segment.bytes minimum: a smaller value could never create the topic.
+        Range(1024 * 1024),
         "segment.bytes of __consumer_offsets.",
     ),
     _key(

@@ -740,6 +740,9 @@ class Log:
             replaced.close()  # not delete(): its paths now name the new segment's files
         for path in deleted:
             path.unlink(missing_ok=True)
+        for replaced in old[1:]:
+            # As in Kafka, a segment's producer snapshot goes with it; later snapshots still cover it.
+            self.producer_state.delete_snapshot(replaced.base_offset)
         return segment
 
     def _increment_log_start_offset(self, offset: int, persist: bool = False) -> None:

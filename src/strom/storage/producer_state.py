@@ -300,6 +300,9 @@ class ProducerStateManager:
             if snapshot < offset:
                 snapshot_path(self.dir, snapshot).unlink(missing_ok=True)
 
+    def delete_snapshot(self, offset: int) -> None:
+        snapshot_path(self.dir, offset).unlink(missing_ok=True)
+
     def latest_snapshot_offset(self) -> int | None:
         offsets = snapshot_offsets(self.dir)
         return offsets[-1] if offsets else None
