@@ -537,6 +537,24 @@ def test_offset_fetch_v8_plus_fetches_several_groups_at_once(wire: GroupWire) ->
         }
 
 
+def test_deleting_a_topic_deletes_its_committed_offsets(wire: GroupWire, bootstrap: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    doomed, group = unique("doomed-topic"), unique("doomed-offsets")
+    assert wire.create_topic(doomed, partitions=2) == ErrorCode.none
+    assert set(
+        wire.offset_commit(
+            group, {(doomed, 0): (5, "a"), (doomed, 1): (6, "b"), (TOPIC, 0): (7, "c")}
+        ).values()
+    ) == {0}
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([doomed])[doomed].result(10)
+    (answer,) = wire.offset_fetch({group: None}).groups
+    assert {(t.name, p.partition_index): p.committed_offset for t in answer.topics for p in t.partitions} == {
+        (TOPIC, 0): 7
+    }
+
+
 def test_offset_delete(connect: Connect) -> None:
     wire = connect()
     empty, active, unknown = unique("del-empty"), unique("del-active"), unique("del-unknown")

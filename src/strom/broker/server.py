@@ -225,6 +225,7 @@ class BrokerServer:
         topic = self.control_plane.delete_topic(name)
         if topic is not None:
             self.replica_manager.stop_replicas(topic)
+            self.group_coordinator.on_topic_deleted(name)
             log.info("deleted topic", extra={"topic": name})
         return topic
 

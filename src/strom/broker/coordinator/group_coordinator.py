@@ -666,6 +666,17 @@ class GroupCoordinator:
             results.setdefault(tp, ErrorCode.none)
         return ErrorCode.none, results
 
+    def on_topic_deleted(self, topic: str) -> int:
+        """A deleted topic's committed offsets go with it, in every group (as Kafka does); returns count."""
+        removed = 0
+        for group in self._groups.values():
+            gone = [tp for tp in group.offsets if tp.topic == topic]
+            if gone and self._manager.delete_offsets(group.group_id, gone).error == ErrorCode.none:
+                for tp in gone:
+                    del group.offsets[tp]
+                removed += len(gone)
+        return removed
+
     def expire_offsets(self) -> int:
         """offsets.retention.minutes: drop offsets of groups that stayed empty that long; returns count."""
         now = self._time_ms()
