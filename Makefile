@@ -35,6 +35,7 @@ bench: $(INSTALLED)
 	bash bench/setup.sh
 	$(PYTHON) bench/broker_bench.py --write-results
 	$(PYTHON) bench/idle_connections.py --write-results
+	$(PYTHON) bench/cleaner_bench.py --write-results
 
 clean:
 	rm -rf $(VENV) .cache data

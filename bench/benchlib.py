@@ -528,6 +528,15 @@ IDLE_BEGIN = "<!-- idle-connections:begin -->"
 IDLE_END = "<!-- idle-connections:end -->"
 
 
+_SECTION = re.compile(r"<!-- ([a-z-]+):begin -->.*?<!-- \1:end -->", re.DOTALL)
+
+
+def other_sections(text: str) -> list[str]:
+    """Every section another script owns (``<!-- name:begin -->`` ... ``<!-- name:end -->``),
+    kept when broker_bench rewrites RESULTS.md."""
+    return [match.group(0) for match in _SECTION.finditer(text)]
+
+
 def idle_section(text: str) -> str:
     """The idle-connections section of RESULTS.md (kept when broker_bench rewrites the file)."""
     start, end = text.find(IDLE_BEGIN), text.find(IDLE_END)

@@ -431,8 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     log(report)
     if args.write_results:
         existing = RESULTS.read_text() if RESULTS.exists() else ""
-        idle = benchlib.idle_section(existing)
-        RESULTS.write_text(report + ("\n" + idle + "\n" if idle else ""))
+        kept = "".join("\n" + section + "\n" for section in benchlib.other_sections(existing))
+        RESULTS.write_text(report + kept)
         log(f"wrote {rel(RESULTS)}")
     return 1 if failures else 0
 

@@ -44,8 +44,10 @@ their own file descriptors, so appends and fetches go on meanwhile. Only closed 
 read. ``Log.replace_segments`` re-checks that a group's segments are still the log's, unchanged,
 and the round is abandoned otherwise (retention, DeleteRecords or a deletion got there first).
 The worker pauses 0.2 ms after every 2 ms of work, so the event loop gets the GIL back at once
-instead of after the interpreter's 5 ms switch interval (measured: loop ticks p99 ~5 ms instead of
-~18 ms while a round runs, for ~15% longer rounds).
+instead of after the interpreter's 5 ms switch interval; the replaced files are unlinked on the
+worker too (a 128 MiB unlink takes ~30 ms). bench/cleaner_bench.py measures the cost: loop ticks
+p99 3-10 ms while a round runs (small uncompressed records are the worst case), rounds up to ~40%
+longer than without the pauses.
 """
 
 from __future__ import annotations
@@ -406,8 +408,10 @@ class LogCleaner:
                 cleaned: _CleanedSegment | None = yield partial(self._clean_group, rnd, group)
                 if cleaned is None:
                     continue
-                if log_.replace_segments([r.segment for r in group], [r.size for r in group]) is None:
+                swapped = log_.replace_segments([r.segment for r in group], [r.size for r in group])
+                if swapped is None:
                     raise CleaningAbortedError("the log changed under the cleaner")
+                yield partial(_unlink_all, swapped[1])
                 rnd.stats.segments_before += len(group)
                 rnd.stats.segments_after += 1
                 rnd.stats.bytes_before += sum(r.size for r in group)
@@ -823,6 +827,11 @@ class _SegmentWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _unlink_all(paths: Iterable[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def _fsync_path(path: Path) -> None:

@@ -687,18 +687,22 @@ class Log:
         )
         return len(deletable)
 
-    def replace_segments(self, old: Sequence[LogSegment], sizes: Sequence[int]) -> LogSegment | None:
+    def replace_segments(
+        self, old: Sequence[LogSegment], sizes: Sequence[int]
+    ) -> tuple[LogSegment, list[Path]] | None:
         """Swap in the cleaner's ``<base>.{log,index,timeindex}.cleaned`` files for ``old``.
 
         ``old`` are consecutive closed segments, the first at ``<base>``, and ``sizes`` their
-        sizes when the cleaner read them. Returns None, touching nothing, if the log changed
+        sizes when the cleaner read them. Returns the new segment and the replaced files, renamed
+        ``.deleted``, for the caller to unlink off the event loop (unlinking a large file takes
+        tens of milliseconds); startup removes any left behind. Returns None, touching nothing, if the log changed
         since (closed, retention or truncation removed or cut one of them); the caller then
         deletes its files. Runs on the event-loop thread, where reads run, so no read ever
         sees a segment closed under it.
 
         Crash safety: renaming the cleaned log to ``.log.swap`` commits the swap. Then the
         replaced segments' files are renamed ``.deleted`` (indexes before logs), the swap
-        files take their final names and the ``.deleted`` files are removed. A crash before
+        files take their final names; the caller removes the ``.deleted`` files. A crash before
         the commit leaves the old segments (startup deletes ``.cleaned`` files); after it,
         startup's ``_complete_swap`` finishes the job.
         """
@@ -738,12 +742,10 @@ class Log:
             self._bases = [s.base_offset for s in self._segments]
         for replaced in old:
             replaced.close()  # not delete(): its paths now name the new segment's files
-        for path in deleted:
-            path.unlink(missing_ok=True)
         for replaced in old[1:]:
             # As in Kafka, a segment's producer snapshot goes with it; later snapshots still cover it.
             self.producer_state.delete_snapshot(replaced.base_offset)
-        return segment
+        return segment, deleted
 
     def _increment_log_start_offset(self, offset: int, persist: bool = False) -> None:
         """``persist``: tell the listener (DeleteRecords); a start at a segment base is implied by the files."""
