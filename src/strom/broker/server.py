@@ -170,6 +170,8 @@ class BrokerServer:
         deleted = self.log_manager.cleanup_logs()
         if deleted:
             log.info("retention deleted segments", extra={"segments": deleted})
+        # Retention and DeleteRecords only rename segment files; unlinking them is slow.
+        await asyncio.get_running_loop().run_in_executor(None, self.log_manager.delete_pending_files)
 
     async def _expire_group_offsets(self) -> None:
         self.group_coordinator.expire_offsets()

@@ -120,6 +120,9 @@ class Log:
         self.last_flush_ms = time_ms()
         self._roll_flush_pending = False
         self._closed = False
+        # (when due, path): files of deleted segments, renamed ``.deleted``, that
+        # delete_pending_files unlinks off the loop once file.delete.delay.ms has passed.
+        self._files_to_delete: list[tuple[int, Path]] = []
         self.leader_epoch_cache = LeaderEpochFileCache(dir, lambda: self.log_end_offset)
         self.producer_state = ProducerStateManager(dir)
         # Set by LogManager: persists the log start offset when DeleteRecords moves it.
@@ -671,8 +674,10 @@ class Log:
             gone = {id(s) for s in deletable}
             self._segments = [s for s in self._segments if id(s) not in gone]
             self._bases = [s.base_offset for s in self._segments]
-        for segment in deletable:
-            segment.delete()
+        renamed = [path for segment in deletable for path in segment.rename_to_deleted(DELETED_SUFFIX)]
+        due_ms = self._time_ms() + self.config.file_delete_delay_ms
+        with self._lock:
+            self._files_to_delete.extend((due_ms, path) for path in renamed)
         first_base = self._segments[0].base_offset
         if first_base > self.log_start_offset:
             self._increment_log_start_offset(first_base)
@@ -746,6 +751,20 @@ class Log:
             # As in Kafka, a segment's producer snapshot goes with it; later snapshots still cover it.
             self.producer_state.delete_snapshot(replaced.base_offset)
         return segment, deleted
+
+    def delete_pending_files(self, now_ms: int | None = None) -> int:
+        """Unlink the files of segments deleted by retention or DeleteRecords whose
+        ``file.delete.delay.ms`` has passed; returns how many.
+
+        Safe on a worker thread: the files are already out of the segment list and renamed.
+        """
+        now = self._time_ms() if now_ms is None else now_ms
+        with self._lock:
+            due = [path for when, path in self._files_to_delete if when <= now]
+            self._files_to_delete = [(when, path) for when, path in self._files_to_delete if when > now]
+        for path in due:
+            path.unlink(missing_ok=True)
+        return len(due)
 
     def _increment_log_start_offset(self, offset: int, persist: bool = False) -> None:
         """``persist``: tell the listener (DeleteRecords); a start at a segment base is implied by the files."""

@@ -191,6 +191,10 @@ class LogManager:
             log_.producer_state.remove_expired_producers(now, self.producer_id_expiration_ms)
         return deleted
 
+    def delete_pending_files(self) -> int:
+        """Unlink deleted segments' files (call on a worker thread); returns how many."""
+        return sum(log_.delete_pending_files() for log_ in self.all_logs())
+
     def start_cleaner(self, config: CleanerConfig) -> LogCleaner:
         """Create the log cleaner (log.cleaner.enable); the broker schedules ``clean_logs``."""
         self.cleaner = LogCleaner(config, self._time_ms)

@@ -376,6 +376,23 @@ class LogSegment:
         for path in (self.log_path, self.offset_index.path, self.time_index.path):
             path.unlink(missing_ok=True)
 
+    def rename_to_deleted(self, suffix: str) -> list[Path]:
+        """Close the segment and rename its files with ``suffix``; returns the new paths.
+
+        Unlinking a large file takes tens of milliseconds, so the event loop only renames
+        (as Kafka does) and a worker thread unlinks later; startup removes any left over.
+        """
+        self.close()
+        renamed = []
+        for path in (self.time_index.path, self.offset_index.path, self.log_path):
+            target = path.with_name(path.name + suffix)
+            try:
+                os.replace(path, target)
+            except FileNotFoundError:
+                continue
+            renamed.append(target)
+        return renamed
+
     def rebuild_indexes_if_corrupt(self) -> bool:
         """Load a segment that needs no recovery; rebuild from the log if its indexes are bad."""
         try:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,36 @@ def test_truncate_to(tmp_path: Path) -> None:
     assert log.leader_epoch_cache.latest_epoch == 3
     assert log.append_as_leader(make_batch(), 4).first_offset == 8
     assert batch_offsets(log.read(8, 1 << 20).records) == [(8, 8)]
+
+
+def test_deleted_segments_are_renamed_at_once_and_unlinked_after_file_delete_delay_ms(tmp_path: Path) -> None:
+    clock = Clock(time.time_ns() // 1_000_000)  # the batches carry the real time
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=600, file_delete_delay_ms=60_000), time_ms=clock)
+    for _ in range(20):
+        log.append_as_leader(make_batch(count=2, value_size=100), 0)
+    first_base = log.segments[0].base_offset
+    log.delete_records(log.segments[2].base_offset)
+    # Out of the log at once, renamed: a crash here leaves files that startup removes.
+    assert not (log.dir / f"{first_base:020d}.log").exists()
+    renamed = sorted(p.name for p in log.dir.glob("*.deleted"))
+    assert f"{first_base:020d}.log.deleted" in renamed
+    clock.now += 59_999
+    assert log.delete_pending_files() == 0
+    clock.now += 1
+    assert log.delete_pending_files() == len(renamed) > 0
+    assert not list(log.dir.glob("*.deleted"))
+    assert log.delete_pending_files() == 0
+    log.close()
+
+
+def test_startup_removes_renamed_files_a_crash_left_behind(tmp_path: Path) -> None:
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
+    for _ in range(20):
+        log.append_as_leader(make_batch(count=2, value_size=100), 0)
+    log.delete_records(log.segments[2].base_offset)
+    assert list(log.dir.glob("*.deleted"))
+    log.close()
+    reopened = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
+    assert not list(reopened.dir.glob("*.deleted"))
+    assert reopened.log_start_offset == log.log_start_offset
+    reopened.close()
