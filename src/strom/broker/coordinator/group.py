@@ -160,13 +160,6 @@ class ClassicGroup:
 
     # --- members -----------------------------------------------------------------------------
 
-    @property
-    def size(self) -> int:
-        return len(self.members) + len(self.pending_members)
-
-    def has_member(self, member_id: str) -> bool:
-        return member_id in self.members
-
     def is_leader(self, member_id: str) -> bool:
         return self.leader_id == member_id
 

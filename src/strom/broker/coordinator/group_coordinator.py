@@ -135,6 +135,12 @@ class GroupCoordinator:
             return JoinResult(ErrorCode.coordinator_not_available, member_id=req.member_id)
         if not group.supports_protocols(req.protocol_type, [name for name, _ in req.protocols]):
             result = JoinResult(ErrorCode.inconsistent_group_protocol, member_id=req.member_id)
+        elif not self._accepts_joining_member(group, req.member_id):
+            member = group.members.get(req.member_id)
+            if member is not None:
+                # Over group.max.size (e.g. after it was lowered): the last members to rejoin leave.
+                self._remove_member_and_update_group(group, member)
+            result = JoinResult(ErrorCode.group_max_size_reached, member_id=req.member_id)
         elif is_unknown_member:
             return await self._join_unknown_member(group, req)
         else:
@@ -143,9 +149,18 @@ class GroupCoordinator:
             del self._groups[req.group_id]
         return result
 
+    def _accepts_joining_member(self, group: ClassicGroup, member_id: str) -> bool:
+        """group.max.size, counted as Kafka counts it in each state."""
+        if group.state in (GroupState.EMPTY, GroupState.DEAD):
+            return True
+        member = group.members.get(member_id)
+        if group.is_(GroupState.PREPARING_REBALANCE):
+            # Counting members already rejoined lets the last ones to rejoin be turned away.
+            awaiting = sum(1 for m in group.members.values() if m.is_awaiting_join)
+            return (member is not None and member.is_awaiting_join) or awaiting < self.config.max_size
+        return member is not None or len(group.members) < self.config.max_size
+
     async def _join_unknown_member(self, group: ClassicGroup, req: JoinRequest) -> JoinResult:
-        if group.size >= self.config.max_size:
-            return JoinResult(ErrorCode.group_max_size_reached, member_id=UNKNOWN_MEMBER_ID)
         prefix = req.group_instance_id if req.group_instance_id is not None else req.client_id
         new_member_id = f"{prefix}-{uuid.uuid4()}"
         if req.group_instance_id is not None:
