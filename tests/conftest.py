@@ -33,3 +33,12 @@ def broker(
 @pytest.fixture(scope="module")
 def bootstrap(broker: BrokerProcess) -> str:
     return broker.bootstrap
+
+
+@pytest.fixture()
+def running_broker(broker: BrokerProcess) -> BrokerProcess:
+    """For modules that kill and restart their broker: a test that failed between the kill and
+    the start must not take the rest of the module with it."""
+    if not broker.running:
+        broker.start()
+    return broker

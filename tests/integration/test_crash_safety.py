@@ -23,17 +23,11 @@ from brokerproc import BrokerProcess
 from kafka_wire import EARLIEST, LATEST, TOPIC_RESOURCE, KafkaWire
 from strom.records.codec import Record, RecordSpec, decode_batches, encode_batch
 
+pytestmark = pytest.mark.usefixtures("running_broker")
+
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 # How long the producer runs before the crash, and after the restart in the idempotent test.
 PRODUCE_SECONDS = 1.5
-
-
-@pytest.fixture(autouse=True)
-def running_broker(broker: BrokerProcess) -> BrokerProcess:
-    # A test that failed between kill and start must not take the rest of the module with it.
-    if not broker.running:
-        broker.start()
-    return broker
 
 
 @pytest.fixture()

@@ -40,6 +40,8 @@ from strom.broker.coordinator.records import (
 )
 from strom.records.codec import Record, RecordSpec, decode_batches, encode_batch
 
+pytestmark = pytest.mark.usefixtures("running_broker")
+
 BROKER_CONFIG = {
     "group.initial.rebalance.delay.ms": "0",
     "offsets.retention.check.interval.ms": "200",
@@ -47,14 +49,6 @@ BROKER_CONFIG = {
 OFFSETS_TOPIC = "__consumer_offsets"
 OFFSETS_PARTITIONS = 50  # offsets.topic.num.partitions' default
 TIMEOUT = 20.0
-
-
-@pytest.fixture(autouse=True)
-def running_broker(broker: BrokerProcess) -> BrokerProcess:
-    # A test that failed between kill and start must not take the rest of the module with it.
-    if not broker.running:
-        broker.start()
-    return broker
 
 
 @pytest.fixture()
