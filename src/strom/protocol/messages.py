@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 ZERO_THROTTLE = datetime.timedelta(0)
+_ONE_MS = datetime.timedelta(milliseconds=1)
 # Kafka's "no topic id" and "authorized operations not requested" sentinels.
 ZERO_UUID = uuid.UUID(int=0)
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
@@ -39,3 +40,8 @@ def build(entity_type: type[Any], /, **values: Any) -> Any:
 
 def has_field(entity_type: type[Any], name: str) -> bool:
     return name in field_names(entity_type)
+
+
+def to_ms(value: datetime.timedelta) -> int:
+    """A duration field (kio decodes Kafka's *_ms fields as timedeltas) in whole milliseconds."""
+    return int(value / _ONE_MS)

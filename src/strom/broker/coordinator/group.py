@@ -126,6 +126,8 @@ class ClassicGroup:
         # Members of the current generation that have not sent SyncGroup yet.
         self.pending_sync_members: set[str] = set()
         self.offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        # The first rebalance waits group.initial.rebalance.delay.ms, longer while members keep joining.
+        self.in_initial_delay = False
         self.new_member_added = False
         self.join_timer: asyncio.TimerHandle | None = None
         self.sync_timer: asyncio.TimerHandle | None = None

@@ -82,8 +82,6 @@ class GroupCoordinator:
         self._time_ms = time_ms
         self._groups: dict[str, ClassicGroup] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Groups whose first rebalance is still in group.initial.rebalance.delay.ms.
-        self._initial_delay: set[str] = set()
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -103,9 +101,6 @@ class GroupCoordinator:
     def loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "the group coordinator has not started"
         return self._loop
-
-    def partition_of(self, group_id: str) -> TopicPartition:
-        return self._manager.partition_of(group_id)
 
     def ensure_offsets_topic(self) -> None:
         self._ensure_offsets_topic()
@@ -231,7 +226,7 @@ class GroupCoordinator:
         future: asyncio.Future[JoinResult] = self.loop.create_future()
         member.join_future = future
         group.add_member(member)
-        if group.is_(GroupState.PREPARING_REBALANCE) and group.group_id in self._initial_delay:
+        if group.in_initial_delay:
             group.new_member_added = True
         self._maybe_prepare_rebalance(group, f"member {member_id} joined")
         self._maybe_complete_join(group)
@@ -325,7 +320,7 @@ class GroupCoordinator:
         delay = min(self.config.initial_rebalance_delay_ms, rebalance_timeout)
         if was_empty and delay > 0:
             # Wait for more members of a starting group before the first generation.
-            self._initial_delay.add(group.group_id)
+            group.in_initial_delay = True
             group.new_member_added = False
             group.join_timer = self.loop.call_later(
                 delay / 1000, self._on_initial_delay, group, rebalance_timeout - delay
@@ -348,13 +343,13 @@ class GroupCoordinator:
                 delay / 1000, self._on_initial_delay, group, max(remaining_ms - delay, 0)
             )
             return
-        self._initial_delay.discard(group.group_id)
+        group.in_initial_delay = False
         self._complete_join(group)
 
     def _maybe_complete_join(self, group: ClassicGroup) -> None:
         if (
             group.is_(GroupState.PREPARING_REBALANCE)
-            and group.group_id not in self._initial_delay
+            and not group.in_initial_delay
             and group.has_all_members_joined()
         ):
             self._complete_join(group)
@@ -365,7 +360,7 @@ class GroupCoordinator:
         if group.join_timer is not None:
             group.join_timer.cancel()
             group.join_timer = None
-        self._initial_delay.discard(group.group_id)
+        group.in_initial_delay = False
         for member in group.not_yet_rejoined_members():
             log.info(
                 "removing member that did not rejoin",

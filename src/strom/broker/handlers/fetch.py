@@ -13,7 +13,7 @@ from strom.broker.dispatcher import RequestContext
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import FetchRequestPartition, FetchResult
 from strom.protocol.errors import ErrorCode
-from strom.protocol.messages import build
+from strom.protocol.messages import build, to_ms
 
 
 async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
@@ -55,7 +55,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
             reads.append(FetchRequestPartition(tp, p.fetch_offset, p.partition_max_bytes))
         order.append((key, tps))
 
-    max_wait_ms = int(request.max_wait.total_seconds() * 1000)
+    max_wait_ms = to_ms(request.max_wait)
     max_bytes = getattr(request, "max_bytes", 0x7FFFFFFF)
     if errors:
         max_wait_ms = 0  # answer errors at once, as Kafka completes such a fetch immediately

@@ -8,20 +8,13 @@ coordinator completes the rebalance step they take part in.
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from strom.broker.coordinator.group import ClassicGroup, GroupState
 from strom.broker.coordinator.group_coordinator import CLASSIC_GROUP_TYPE, JoinRequest
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
-from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, build
-
-_MS = datetime.timedelta(milliseconds=1)
-
-
-def _ms(value: datetime.timedelta) -> int:
-    return int(value / _MS)
+from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, build, to_ms
 
 
 def client_host(ctx: RequestContext) -> str:
@@ -30,8 +23,8 @@ def client_host(ctx: RequestContext) -> str:
 
 
 async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
-    session_timeout = _ms(request.session_timeout)
-    rebalance_timeout = _ms(getattr(request, "rebalance_timeout", request.session_timeout))
+    session_timeout = to_ms(request.session_timeout)
+    rebalance_timeout = to_ms(getattr(request, "rebalance_timeout", request.session_timeout))
     result = await ctx.broker.group_coordinator.join_group(
         JoinRequest(
             group_id=request.group_id,

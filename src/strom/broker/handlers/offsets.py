@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import time
 from typing import Any
 
@@ -10,11 +9,31 @@ from strom.broker.coordinator.group import OffsetAndMetadata
 from strom.broker.dispatcher import RequestContext
 from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
-from strom.protocol.messages import build
+from strom.protocol.messages import build, to_ms
 
-_MS = datetime.timedelta(milliseconds=1)
 NO_OFFSET = -1
 NO_LEADER_EPOCH = -1
+
+
+def _partition_errors(
+    topics: Any, errors: dict[TopicPartition, ErrorCode], topic_type: Any, partition_type: Any
+) -> tuple[Any, ...]:
+    """Per-partition errors in the request's own topic and partition order."""
+    return tuple(
+        build(
+            topic_type,
+            name=t.name,
+            partitions=tuple(
+                build(
+                    partition_type,
+                    partition_index=p.partition_index,
+                    error_code=errors[TopicPartition(t.name, p.partition_index)],
+                )
+                for p in t.partitions
+            ),
+        )
+        for t in topics
+    )
 
 
 def _known_partition(ctx: RequestContext, tp: TopicPartition) -> bool:
@@ -26,7 +45,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     now = time.time_ns() // 1_000_000
     retention = getattr(request, "retention_time", None)
-    retention_ms = int(retention / _MS) if retention is not None else -1
+    retention_ms = to_ms(retention) if retention is not None else -1
     # v2-v4 may ask for their own retention; -1 means the broker's offsets.retention.minutes.
     expire_timestamp = now + retention_ms if retention_ms >= 0 else -1
     offsets: dict[TopicPartition, OffsetAndMetadata] = {}
@@ -58,20 +77,8 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
         )
     return build(
         r.OffsetCommitResponse,
-        topics=tuple(
-            build(
-                r.OffsetCommitResponseTopic,
-                name=topic.name,
-                partitions=tuple(
-                    build(
-                        r.OffsetCommitResponsePartition,
-                        partition_index=p.partition_index,
-                        error_code=errors[TopicPartition(topic.name, p.partition_index)],
-                    )
-                    for p in topic.partitions
-                ),
-            )
-            for topic in request.topics
+        topics=_partition_errors(
+            request.topics, errors, r.OffsetCommitResponseTopic, r.OffsetCommitResponsePartition
         ),
     )
 
@@ -141,19 +148,7 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
     return build(
         r.OffsetDeleteResponse,
         error_code=ErrorCode.none,
-        topics=tuple(
-            build(
-                r.OffsetDeleteResponseTopic,
-                name=t.name,
-                partitions=tuple(
-                    build(
-                        r.OffsetDeleteResponsePartition,
-                        partition_index=p.partition_index,
-                        error_code=results[TopicPartition(t.name, p.partition_index)],
-                    )
-                    for p in t.partitions
-                ),
-            )
-            for t in request.topics
+        topics=_partition_errors(
+            request.topics, results, r.OffsetDeleteResponseTopic, r.OffsetDeleteResponsePartition
         ),
     )
