@@ -12,7 +12,7 @@ from functools import cache
 from types import ModuleType
 from typing import Any
 
-from kio.index import load_payload_module
+from kio.index import load_payload_module, load_response_schema
 from kio.static.constants import EntityType
 
 
@@ -117,6 +117,12 @@ def request_entity(api_key: int, version: int) -> Any:
         if isinstance(value, type) and getattr(value, "__type__", None) == EntityType.request:
             return value
     raise LookupError(f"no request entity for api {api_key} v{version}")
+
+
+@cache
+def response_entity(api_key: int, version: int) -> Any:
+    """kio's top-level response class of this API version."""
+    return load_response_schema(api_key, version)
 
 
 def is_flexible(api_key: int, version: int) -> bool:

@@ -1,4 +1,4 @@
-"""Kafka framing and request/response headers (sans-I/O: bytes in, bytes out).
+"""Kafka framing and request/response headers (sans-I/O: bytes in, bytes out), for both ends.
 
 A frame is a 4-byte big-endian size followed by that many bytes. Requests start
 with header v1 (api key, version, correlation id, legacy nullable client id) or,
@@ -17,7 +17,8 @@ from typing import Any
 
 from kio.serial import entity_reader, entity_writer
 
-from strom.protocol.apis import ApiKey, is_flexible
+from strom.protocol.apis import ApiKey, is_flexible, response_entity
+from strom.protocol.errors import ErrorCode
 
 SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")
@@ -112,3 +113,55 @@ def encode_response(header: RequestHeader, body: Any) -> bytes:
     SIZE.pack_into(frame, 0, len(frame) - 4)
     del frame
     return buf.getvalue()
+
+
+# -- the client side: requests out, responses in --------------------------------------------
+
+
+def encode_request(request: Any, correlation_id: int, client_id: str | None) -> bytes:
+    """A whole request frame for a kio request entity: size, header v1 or v2, body."""
+    api_key: int = request.__api_key__
+    api_version: int = request.__version__
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    client = client_id.encode() if client_id is not None else None
+    buf.write(_HEADER_PREFIX.pack(api_key, api_version, correlation_id))
+    if client is None:
+        buf.write(_I16.pack(-1))
+    else:
+        buf.write(_I16.pack(len(client)))
+        buf.write(client)
+    if request.__flexible__:
+        buf.write(b"\0")  # request header v2: no tagged fields
+    entity_writer(type(request))(buf, request)
+    frame = buf.getbuffer()
+    SIZE.pack_into(frame, 0, len(frame) - 4)
+    del frame
+    return buf.getvalue()
+
+
+def response_correlation_id(frame: bytes | memoryview) -> int:
+    if len(frame) < 4:
+        raise ProtocolError("response shorter than its header")
+    (correlation_id,) = SIZE.unpack_from(frame, 0)
+    return int(correlation_id)
+
+
+def decode_response(frame: bytes | memoryview, api_key: int, api_version: int) -> Any:
+    """Decode a response frame (without its size) to the kio entity of ``api_key`` v``api_version``.
+
+    An ApiVersions response always has header v0; a broker that does not speak the
+    requested ApiVersions version answers with a v0 body carrying UNSUPPORTED_VERSION.
+    """
+    offset = 4
+    flexible = is_flexible(api_key, api_version)
+    if api_key == ApiKey.API_VERSIONS:
+        if len(frame) >= 6 and _I16.unpack_from(frame, 4)[0] == ErrorCode.unsupported_version:
+            api_version = 0
+    elif flexible:
+        offset = skip_tagged_fields(memoryview(frame), offset)
+    try:
+        value, _size = entity_reader(response_entity(api_key, api_version))(frame, offset)
+    except Exception as exc:  # kio raises a variety of errors for malformed input
+        raise ProtocolError(f"malformed response to api {api_key} v{api_version}: {exc}") from exc
+    return value
