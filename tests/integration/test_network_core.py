@@ -257,3 +257,38 @@ def test_parse_bootstrap() -> None:
     for bad in ("", "host", "host:port"):
         with pytest.raises(ValueError):
             parse_bootstrap(bad)
+
+
+def test_an_answer_to_a_request_sent_without_response_is_ignored() -> None:
+    """Kafka never answers Produce with acks=0, but some brokers do; the connection must survive it."""
+
+    async def answers_everything(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        keys = {ApiKey.API_VERSIONS: (0, 3), ApiKey.METADATA: (0, 12)}
+        while True:
+            try:
+                _frame, _api, version, correlation_id = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(api_versions_response(correlation_id, version, ErrorCode.none, keys))
+            await writer.drain()
+
+    async def run() -> None:
+        server, port = await serve(answers_everything)
+        async with server:
+            connection = await open_to(port)
+            connection.send_without_response(
+                request_module(ApiKey.API_VERSIONS, 3).ApiVersionsRequest(
+                    client_software_name="t", client_software_version="1"
+                )
+            )
+            answer = await connection.send(
+                request_module(ApiKey.API_VERSIONS, 3).ApiVersionsRequest(
+                    client_software_name="t", client_software_version="1"
+                ),
+                timeout=5,
+            )
+            assert answer.error_code == ErrorCode.none
+            assert connection.is_open
+            connection.close()
+
+    asyncio.run(run())

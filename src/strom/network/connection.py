@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 CLIENT_SOFTWARE_NAME = "strom"
 # Largest response frame accepted: a misbehaving peer must not make the client allocate gigabytes.
 MAX_RESPONSE_SIZE = 1 << 30
+# How many acks=0 correlation ids to remember in case a broker answers them after all.
+MAX_UNANSWERED = 4096
 
 
 class KafkaConnectionError(ConnectionError):
@@ -63,6 +65,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._loop = asyncio.get_running_loop()
         self._correlation_id = 0
         self._in_flight: dict[int, _InFlight] = {}
+        # Requests sent expecting no answer (acks=0): some brokers answer them anyway.
+        self._unanswered: set[int] = set()
         self._head = bytearray(4)
         self._frame: bytearray | None = None
         self._filled = 0
@@ -177,6 +181,9 @@ class BrokerConnection(asyncio.BufferedProtocol):
         if self._error is not None or self._transport is None:
             raise self._error or KafkaConnectionError(f"{self.address} not connected")
         self._correlation_id = correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
+        if len(self._unanswered) >= MAX_UNANSWERED:
+            self._unanswered.clear()
+        self._unanswered.add(correlation_id)
         self._transport.write(encode_request(request, correlation_id, self.client_id))
 
     async def drain(self) -> None:
@@ -257,6 +264,9 @@ class BrokerConnection(asyncio.BufferedProtocol):
         try:
             correlation_id = response_correlation_id(frame)
             entry = self._in_flight.pop(correlation_id, None)
+            if entry is None and correlation_id in self._unanswered:
+                self._unanswered.discard(correlation_id)
+                return
             if entry is None:
                 raise ProtocolError(f"{self.address} answered unknown correlation id {correlation_id}")
             response = decode_response(frame, entry.api_key, entry.api_version)
