@@ -1,0 +1,507 @@
+"""Strom's producer: ``Producer`` (synchronous) and ``AsyncProducer`` (asyncio), one core.
+
+The synchronous ``send`` does its work in the caller's thread: it picks the partition
+and encodes the record into its partition's open batch, then returns. Only a new or
+full batch wakes the I/O thread, whose event loop runs the sender. ``AsyncProducer``
+runs the same sender on the caller's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from strom.client.config import PRODUCER, resolve
+from strom.client.errors import ConfigException, ErrorCode, KafkaException, KafkaTimeoutError
+from strom.client.loop_thread import EventLoopThread
+from strom.client.network_client import NetworkClient
+from strom.client.producer.accumulator import (
+    RECORD_OVERHEAD,
+    Callback,
+    FutureRecordMetadata,
+    ProduceRequestResult,
+    RecordAccumulator,
+    RecordMetadata,
+    TopicState,
+)
+from strom.client.producer.idempotence import IdempotenceManager
+from strom.client.producer.metadata import ProducerMetadata
+from strom.client.producer.partitioner import murmur2
+from strom.client.producer.sender import Sender
+from strom.records.batch import HEADER_SIZE, CompressionType
+
+log = logging.getLogger(__name__)
+
+Header = tuple[str, bytes | None]
+_ACKS = {"all": -1, "-1": -1, "0": 0, "1": 1}
+# Hashes of recently seen short keys: murmur2 in Python costs a microsecond.
+_KEY_CACHE_SIZE = 65_536
+_KEY_CACHE_MAX_KEY = 64
+
+
+def _to_bytes(data: Any, what: str) -> bytes:
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    raise TypeError(f"record {what} must be bytes, str or None, not {type(data).__name__}")
+
+
+def _check_headers(headers: Sequence[tuple[str, Any]]) -> list[Header]:
+    checked: list[Header] = []
+    for name, value in headers:
+        if not isinstance(name, str):
+            raise TypeError(f"header keys must be str, not {type(name).__name__}")
+        checked.append((name, None if value is None else _to_bytes(value, "header value")))
+    return checked
+
+
+def _producer_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Resolved config and whether idempotence is on (the Java client's rules)."""
+    settings = resolve(PRODUCER, config, "producer")
+    if settings["transactional.id"] is not None:
+        raise ConfigException("transactions are not supported yet: transactional.id must not be set")
+    acks = _ACKS[settings["acks"]]
+    conflicts = []
+    if settings["max.in.flight.requests.per.connection"] > 5:
+        conflicts.append("max.in.flight.requests.per.connection must be at most 5")
+    if settings["retries"] == 0:
+        conflicts.append("retries must not be 0")
+    if acks != -1:
+        conflicts.append("acks must be all")
+    idempotent = bool(settings["enable.idempotence"])
+    if idempotent and conflicts:
+        if "enable.idempotence" in config:
+            raise ConfigException(f"the idempotent producer needs: {'; '.join(conflicts)}")
+        # Idempotence is on by default only while nothing the user set contradicts it.
+        idempotent = False
+    linger = settings["linger.ms"]
+    request_timeout = settings["request.timeout.ms"]
+    if settings["delivery.timeout.ms"] < linger + request_timeout:
+        if "delivery.timeout.ms" in config:
+            raise ConfigException(
+                "delivery.timeout.ms should be equal to or larger than linger.ms + request.timeout.ms"
+            )
+        settings["delivery.timeout.ms"] = linger + request_timeout
+    return settings, idempotent
+
+
+def _compression_level(settings: Mapping[str, Any], config: Mapping[str, Any], codec: str) -> int | None:
+    """The level the user set for the codec; None keeps strom.records.compression's default."""
+    key = f"compression.{codec}.level"
+    if key not in config:
+        return None
+    level: int = settings[key]
+    return None if codec == "gzip" and level == -1 else level
+
+
+class _ProducerCore:
+    """What both faces share: settings, accumulator, and (once started on a loop) the I/O side."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        settings, idempotent = _producer_settings(config)
+        self.settings = settings
+        self.acks = _ACKS[settings["acks"]]
+        self.max_block = settings["max.block.ms"] / 1000
+        self.max_request_size = settings["max.request.size"]
+        self.buffer_memory = settings["buffer.memory"]
+        self.ignore_keys = settings["partitioner.ignore.keys"] or settings["partitioner.class"] == "round_robin"
+        # Records whose key and value together are smaller than this need no size check.
+        self.size_check = min(self.max_request_size, self.buffer_memory) - HEADER_SIZE - RECORD_OVERHEAD - 64
+        codec = settings["compression.type"]
+        self.accumulator = RecordAccumulator(
+            batch_size=settings["batch.size"],
+            buffer_memory=settings["buffer.memory"],
+            linger=settings["linger.ms"] / 1000,
+            delivery_timeout=settings["delivery.timeout.ms"] / 1000,
+            retry_backoff=settings["retry.backoff.ms"] / 1000,
+            retry_backoff_max=settings["retry.backoff.max.ms"] / 1000,
+            compression=CompressionType.NAMES[codec],
+            compression_level=_compression_level(settings, config, codec),
+            partitioner=settings["partitioner.class"],
+            adaptive_partitioning=settings["partitioner.adaptive.partitioning.enable"],
+            partition_availability_timeout=settings["partitioner.availability.timeout.ms"] / 1000,
+        )
+        self.idempotence = IdempotenceManager() if idempotent else None
+        self.accumulator.idempotence = self.idempotence
+        self._key_hashes: dict[bytes, int] = {}
+        self.client: NetworkClient | None = None
+        self.metadata: ProducerMetadata | None = None
+        self.sender: Sender | None = None
+        self.closed = False
+
+    @property
+    def idempotent(self) -> bool:
+        return self.idempotence is not None
+
+    async def start(self) -> None:
+        """Create the I/O side on the running loop."""
+        settings = self.settings
+        self.client = client = NetworkClient(settings)
+        self.sender = sender = Sender(
+            client=client,
+            accumulator=self.accumulator,
+            idempotence=self.idempotence,
+            request_metadata_update=self._request_metadata_update,
+            acks=self.acks,
+            retries=settings["retries"],
+            max_in_flight=settings["max.in.flight.requests.per.connection"],
+            max_request_size=self.max_request_size,
+            request_timeout=settings["request.timeout.ms"] / 1000,
+        )
+        self.metadata = ProducerMetadata(
+            client,
+            self.accumulator,
+            max_age=settings["metadata.max.age.ms"] / 1000,
+            allow_auto_create=settings["allow.auto.create.topics"],
+            on_update=sender.wakeup,
+        )
+        self.metadata.start()
+        sender.start()
+
+    def _request_metadata_update(self) -> None:
+        if self.metadata is not None:
+            self.metadata.request_update()
+
+    async def wait_on_metadata(self, topic: str, partition: int | None, timeout: float) -> TopicState:
+        assert self.metadata is not None
+        return await self.metadata.wait_for_topic(topic, partition, timeout)
+
+    def key_partition(self, key: bytes, num_partitions: int) -> int:
+        hashes = self._key_hashes
+        hashed = hashes.get(key)
+        if hashed is None:
+            hashed = murmur2(key) & 0x7FFFFFFF
+            if len(key) <= _KEY_CACHE_MAX_KEY:
+                if len(hashes) >= _KEY_CACHE_SIZE:
+                    hashes.clear()
+                hashes[key] = hashed
+        return hashed % num_partitions
+
+    def check_record_size(self, key: bytes | None, value: bytes | None, headers: Sequence[Header] | None) -> None:
+        size = HEADER_SIZE + RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
+        if headers:
+            size += sum(len(name) + len(v or b"") + 10 for name, v in headers)
+        if size > self.max_request_size:
+            raise KafkaException(
+                f"the record is {size} bytes when serialized, which is larger than {self.max_request_size}, "
+                f"the value of max.request.size",
+                ErrorCode.message_too_large,
+            )
+        if size > self.buffer_memory:
+            raise KafkaException(
+                f"the record is {size} bytes when serialized, which is larger than the total memory buffer "
+                f"configured with buffer.memory ({self.buffer_memory})",
+                ErrorCode.message_too_large,
+            )
+
+    def partitions_of(self, state: TopicState) -> list[int]:
+        return list(range(state.num_partitions))
+
+    async def close(self, timeout: float | None) -> None:
+        self.closed = True
+        if self.sender is not None:
+            await self.sender.close(timeout)
+        if self.metadata is not None:
+            await self.metadata.stop()
+        if self.client is not None:
+            await self.client.close()
+
+
+class Producer:
+    """A Kafka producer whose ``send`` works in the calling thread (thread-safe).
+
+    ``Producer({"bootstrap.servers": "host:9092", "linger.ms": 5, "compression.type": "lz4"})``
+    takes the Java client's config keys.
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._core = core = _ProducerCore(config)
+        self._accumulator = core.accumulator
+        self._max_block = core.max_block
+        self._ignore_keys = core.ignore_keys
+        self._size_check = core.size_check
+        self._thread = EventLoopThread(f"strom-producer-{core.settings['client.id']}")
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._close_task: asyncio.Future[None] | None = None
+        try:
+            self._thread.run(core.start())
+        except BaseException:
+            self._thread.stop()
+            raise
+        sender = core.sender
+        assert sender is not None
+        loop = self._thread.loop
+
+        def wakeup() -> None:
+            # A closed producer's loop is gone too, and then there is nothing left to send.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(sender.wakeup)
+
+        self._accumulator.wakeup = wakeup
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self._core.settings)
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        *,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        headers: Sequence[tuple[str, bytes | str | None]] | None = None,
+        callback: Callback | None = None,
+    ) -> FutureRecordMetadata:
+        """Queue a record; returns its future at once unless metadata or buffer space must be waited for.
+
+        ``callback(metadata, exception)`` runs on the producer's I/O thread once the
+        record is acknowledged or failed, in send order per partition. Raises
+        KafkaTimeoutError after ``max.block.ms`` without metadata or buffer memory, and
+        KafkaException (MESSAGE_TOO_LARGE) for a record above ``max.request.size``.
+        """
+        if value is not None and value.__class__ is not bytes:
+            value = _to_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = _to_bytes(key, "key")
+        checked_headers = _check_headers(headers) if headers else None
+        max_block = self._max_block
+        state = self._accumulator.topics.get(topic)
+        if state is None or not state.num_partitions or (partition is not None and partition >= state.num_partitions):
+            started = time.monotonic()
+            state = self._wait_on_metadata(topic, partition)
+            max_block = max(0.0, max_block - (time.monotonic() - started))
+        if partition is None:
+            partition = -1 if key is None or self._ignore_keys else self._core.key_partition(key, state.num_partitions)
+        elif partition < 0:
+            raise KafkaException(f"invalid partition {partition} for topic {topic}")
+        if (len(value) if value else 0) + (len(key) if key else 0) > self._size_check or checked_headers:
+            self._core.check_record_size(key, value, checked_headers)
+        if timestamp is None:
+            timestamp = time.time_ns() // 1_000_000
+        future = self._accumulator.append(
+            state, partition, timestamp, key, value, checked_headers, callback, max_block
+        )
+        assert future is not None  # with a max_block, append waits rather than returning None
+        return future
+
+    def _wait_on_metadata(self, topic: str, partition: int | None) -> TopicState:
+        if self._closed:
+            raise KafkaException("cannot send: the producer is closed")
+        # The loop-side wait has its own deadline; the extra second only guards a stuck loop.
+        return self._thread.run(
+            self._core.wait_on_metadata(topic, partition, self._max_block), self._max_block + 1.0
+        )
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued now and wait until each of those records completed."""
+        if self._thread.is_current:
+            raise KafkaException("flush() inside a producer callback would deadlock")
+        accumulator = self._accumulator
+        results = accumulator.begin_flush()
+        try:
+            accumulator.wakeup()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for result in results:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not result.wait(remaining):
+                    raise KafkaTimeoutError(f"flush did not complete within {timeout} s")
+        finally:
+            accumulator.end_flush()
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """The topic's partition ids (waits up to max.block.ms for metadata)."""
+        state = self._accumulator.topics.get(topic)
+        if state is None or not state.num_partitions:
+            state = self._wait_on_metadata(topic, None)
+        return self._core.partitions_of(state)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is queued (within ``timeout`` s), then stop; ``close(0)`` fails pending records."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._thread.is_current:
+            # From a callback, as in Java: close(0), without waiting for the I/O thread (this one).
+            self._close_task = asyncio.ensure_future(self._close_from_callback())
+            return
+        try:
+            self._thread.run(self._core.close(timeout))
+        finally:
+            self._thread.stop()
+
+    async def _close_from_callback(self) -> None:
+        try:
+            await self._core.close(0)
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _AsyncDelivery:
+    """A record's asyncio future (and user callback), completed by its batch on the loop."""
+
+    __slots__ = ("callback", "future")
+
+    def __init__(self, future: asyncio.Future[RecordMetadata], callback: Callback | None) -> None:
+        self.future = future
+        self.callback = callback
+
+    def __call__(self, metadata: RecordMetadata | None, error: Exception | None) -> None:
+        if not self.future.done():
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(metadata)  # type: ignore[arg-type]
+        if self.callback is not None:
+            self.callback(metadata, error)
+
+
+class AsyncProducer:
+    """The producer on the caller's asyncio event loop: ``await start()``, ``await send(...)``."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._core = _ProducerCore(config)
+        self._accumulator = self._core.accumulator
+        self._space = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        if self._loop is not None:
+            return
+        await self._core.start()
+        sender = self._core.sender
+        assert sender is not None
+        self._accumulator.wakeup = sender.wakeup
+        self._accumulator.space_listener = self._space.set
+        self._loop = asyncio.get_running_loop()
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        *,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        headers: Sequence[tuple[str, bytes | str | None]] | None = None,
+        callback: Callback | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
+        """Queue a record (awaiting metadata or buffer space up to max.block.ms); returns its future."""
+        loop = self._loop
+        if loop is None:
+            raise KafkaException("the producer is not started: await start() first")
+        core = self._core
+        accumulator = self._accumulator
+        if value is not None and value.__class__ is not bytes:
+            value = _to_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = _to_bytes(key, "key")
+        checked_headers = _check_headers(headers) if headers else None
+        started = time.monotonic()
+        state = accumulator.topics.get(topic)
+        if state is None or not state.num_partitions or (partition is not None and partition >= state.num_partitions):
+            if core.closed:
+                raise KafkaException("cannot send: the producer is closed")
+            state = await core.wait_on_metadata(topic, partition, core.max_block)
+        if partition is None:
+            partition = -1 if key is None or core.ignore_keys else core.key_partition(key, state.num_partitions)
+        elif partition < 0:
+            raise KafkaException(f"invalid partition {partition} for topic {topic}")
+        if (len(value) if value else 0) + (len(key) if key else 0) > core.size_check or checked_headers:
+            core.check_record_size(key, value, checked_headers)
+        if timestamp is None:
+            timestamp = time.time_ns() // 1_000_000
+        future: asyncio.Future[RecordMetadata] = loop.create_future()
+        delivery = _AsyncDelivery(future, callback)
+        sender_was_woken = accumulator.wakeup_pending
+        while accumulator.append(state, partition, timestamp, key, value, checked_headers, delivery, None) is None:
+            await accumulator.wait_for_space(started + core.max_block, self._space)
+        if not sender_was_woken and accumulator.wakeup_pending:
+            # A batch started (or filled): let the sender, on this same loop, take its turn.
+            await asyncio.sleep(0)
+        return future
+
+    async def send_and_wait(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        *,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        headers: Sequence[tuple[str, bytes | str | None]] | None = None,
+    ) -> RecordMetadata:
+        future = await self.send(topic, value, key, partition=partition, timestamp=timestamp, headers=headers)
+        return await future
+
+    async def flush(self, timeout: float | None = None) -> None:
+        accumulator = self._accumulator
+        results = accumulator.begin_flush()
+        try:
+            accumulator.wakeup()
+            waits = [_finished(result) for result in results if not result.finished]
+            if waits:
+                try:
+                    async with asyncio.timeout(timeout):
+                        await asyncio.gather(*waits)
+                except TimeoutError:
+                    raise KafkaTimeoutError(f"flush did not complete within {timeout} s") from None
+        finally:
+            accumulator.end_flush()
+
+    async def partitions_for(self, topic: str) -> list[int]:
+        state = self._accumulator.topics.get(topic)
+        if state is None or not state.num_partitions:
+            state = await self._core.wait_on_metadata(topic, None, self._core.max_block)
+        return self._core.partitions_of(state)
+
+    async def stop(self, timeout: float | None = None) -> None:
+        if self._core.closed:
+            return
+        await self._core.close(timeout)
+
+    close = stop
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+def _finished(result: ProduceRequestResult) -> asyncio.Future[None]:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    result.add_listener(done)
+    return future

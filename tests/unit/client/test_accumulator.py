@@ -1,0 +1,363 @@
+"""The producer's record accumulator: batching, readiness, buffer memory, draining, futures, sequences."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from strom.client.errors import KafkaException, KafkaTimeoutError
+from strom.client.producer.accumulator import (
+    FutureRecordMetadata,
+    ProducerBatch,
+    RecordAccumulator,
+    RecordMetadata,
+    TopicState,
+)
+from strom.client.producer.idempotence import IdempotenceManager
+from strom.protocol.errors import ErrorCode
+from strom.records.batch import HEADER_SIZE, CompressionType
+from strom.records.codec import decode_batches
+
+LEADER = 1
+VALUE = b"v" * 100
+
+
+def make_accumulator(**overrides: Any) -> RecordAccumulator:
+    settings: dict[str, Any] = {
+        "batch_size": 1000,
+        "buffer_memory": 100_000,
+        "linger": 0.05,
+        "delivery_timeout": 10.0,
+        "retry_backoff": 0.1,
+        "retry_backoff_max": 1.0,
+    }
+    settings.update(overrides)
+    return RecordAccumulator(**settings)
+
+
+def make_topic(accumulator: RecordAccumulator, partitions: int = 1, name: str = "t") -> TopicState:
+    state = accumulator.topic_state(name)
+    state.update([LEADER] * partitions, [LEADER])
+    return state
+
+
+def append(
+    accumulator: RecordAccumulator,
+    topic: TopicState,
+    partition: int = 0,
+    value: bytes | None = VALUE,
+    *,
+    key: bytes | None = None,
+    timestamp: int = 1_700_000_000_000,
+    headers: list[tuple[str, bytes | None]] | None = None,
+    callback: Any = None,
+    max_block: float | None = 0.0,
+) -> FutureRecordMetadata:
+    future = accumulator.append(topic, partition, timestamp, key, value, headers, callback, max_block)
+    assert future is not None
+    return future
+
+
+def test_a_batch_waits_for_linger_then_becomes_ready() -> None:
+    accumulator = make_accumulator(linger=0.05)
+    topic = make_topic(accumulator)
+    append(accumulator, topic)
+    created = topic.queues[0].batches[0].created
+    early = accumulator.ready(created + 0.01)
+    assert early.nodes == set()
+    assert early.next_ready_check == pytest.approx(0.04)
+    assert accumulator.ready(created + 0.051).nodes == {LEADER}
+
+
+def test_a_full_batch_is_ready_at_once_and_the_next_record_starts_a_new_batch() -> None:
+    accumulator = make_accumulator(linger=60.0)
+    topic = make_topic(accumulator)
+    while len(topic.queues[0].batches) < 2:
+        append(accumulator, topic)
+    first, second = topic.queues[0].batches
+    assert first.size + 107 > first.limit >= first.size  # it took records until the next did not fit
+    assert second.record_count == 1
+    assert accumulator.ready(time.monotonic()).nodes == {LEADER}
+
+
+def test_flush_close_and_memory_shortage_make_every_batch_ready() -> None:
+    accumulator = make_accumulator(linger=60.0)
+    topic = make_topic(accumulator)
+    append(accumulator, topic)
+    now = time.monotonic()
+    assert accumulator.ready(now).nodes == set()
+    accumulator.begin_flush()
+    assert accumulator.ready(now).nodes == {LEADER}
+    accumulator.end_flush()
+    assert accumulator.ready(now).nodes == set()
+    accumulator.close()
+    assert accumulator.ready(now).nodes == {LEADER}
+    with pytest.raises(KafkaException, match="closed"):
+        append(accumulator, topic)
+
+
+def test_a_partition_without_leader_is_reported_not_ready() -> None:
+    accumulator = make_accumulator(linger=0.0)
+    topic = accumulator.topic_state("t")
+    topic.update([-1], [LEADER])
+    append(accumulator, topic)
+    result = accumulator.ready(time.monotonic() + 1)
+    assert result.nodes == set()
+    assert result.unknown_leader_topics == {"t"}
+
+
+def test_batches_reserve_batch_size_bytes_of_buffer_memory_until_completed() -> None:
+    accumulator = make_accumulator(batch_size=1000, buffer_memory=10_000)
+    topic = make_topic(accumulator, partitions=2)
+    append(accumulator, topic, 0)
+    append(accumulator, topic, 0)  # same batch: no new reservation
+    append(accumulator, topic, 1)
+    assert accumulator.free_memory == 8000
+    big = append(accumulator, topic, 1, b"x" * 3000)  # larger than batch.size: reserves its own size
+    assert accumulator.free_memory == 8000 - (HEADER_SIZE + 21 + 3000)
+    batches = [batch for queue in topic.queues for batch in queue.batches]
+    for batch in batches:
+        batch.done(0, -1, None)
+        accumulator.deallocate(batch)
+    assert accumulator.free_memory == 10_000
+    assert accumulator.incomplete == {}
+    assert big.get(0).offset == 0
+
+
+def test_send_blocks_while_buffer_memory_is_exhausted_and_resumes_on_release() -> None:
+    accumulator = make_accumulator(batch_size=1000, buffer_memory=2000)
+    topic = make_topic(accumulator, partitions=3)
+    append(accumulator, topic, 0)
+    append(accumulator, topic, 1)
+    blocked: dict[str, Any] = {}
+
+    def send() -> None:
+        started = time.monotonic()
+        blocked["future"] = append(accumulator, topic, 2, max_block=5.0)
+        blocked["waited"] = time.monotonic() - started
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    time.sleep(0.2)
+    assert thread.is_alive()
+    # A sender that looks now finds every batch ready: someone waits for memory.
+    assert accumulator.ready(time.monotonic()).nodes == {LEADER}
+    batch = topic.queues[0].batches.popleft()
+    batch.done(0, -1, None)
+    accumulator.deallocate(batch)
+    thread.join(5)
+    assert not thread.is_alive()
+    assert blocked["waited"] >= 0.2
+    assert blocked["future"] is not None
+
+
+def test_send_raises_kafka_timeout_after_max_block_without_memory() -> None:
+    accumulator = make_accumulator(batch_size=1000, buffer_memory=1500)
+    topic = make_topic(accumulator, partitions=2)
+    append(accumulator, topic, 0)
+    started = time.monotonic()
+    with pytest.raises(KafkaTimeoutError, match=r"max\.block\.ms"):
+        append(accumulator, topic, 1, max_block=0.3)
+    assert 0.25 <= time.monotonic() - started < 2.0
+    # The async face asks not to wait: None, nothing reserved.
+    assert accumulator.append(topic, 1, 0, None, VALUE, None, None, None) is None
+    assert accumulator.free_memory == 500
+
+
+def test_drain_takes_one_batch_per_partition_within_max_request_size_and_rotates() -> None:
+    accumulator = make_accumulator(linger=0.0)
+    topic = make_topic(accumulator, partitions=3)
+    for partition in range(3):
+        for _ in range(12):  # two batches per partition
+            append(accumulator, topic, partition)
+    now = time.monotonic()
+    everything = accumulator.drain([LEADER], 1 << 20, now)[LEADER]
+    assert [batch.tp.partition for batch in everything] == [0, 1, 2]
+    # A request too small for two batches still carries one, and the next drain starts further on.
+    assert [b.tp.partition for b in accumulator.drain([LEADER], 100, now)[LEADER]] == [0]
+    assert [b.tp.partition for b in accumulator.drain([LEADER], 100, now)[LEADER]] == [1]
+    assert [b.tp.partition for b in accumulator.drain([LEADER], 1 << 20, now)[LEADER]] == [2]
+    assert accumulator.drain([LEADER], 1 << 20, now) == {}
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_drained_batches_hold_the_records_as_appended(codec: str) -> None:
+    accumulator = make_accumulator(linger=0.0, compression=CompressionType.NAMES[codec], batch_size=100_000)
+    topic = make_topic(accumulator)
+    sent: list[tuple[bytes | None, bytes | None, int, list[tuple[str, bytes | None]] | None]] = [
+        (b"k1", b"value-1", 1000, None),
+        (None, b"value-2", 999, [("h", b"1"), ("null", None)]),
+        (b"k3", None, 5000, None),
+        (b"", b"", 1001, [("", b"")]),
+    ]
+    for key, value, timestamp, headers in sent:
+        append(accumulator, topic, key=key, value=value, timestamp=timestamp, headers=headers)
+    (batch,) = accumulator.drain([LEADER], 1 << 20, time.monotonic())[LEADER]
+    assert batch.built is not None
+    (decoded,) = decode_batches(bytes(batch.built))
+    assert decoded.header.compression == CompressionType.NAMES[codec]
+    assert decoded.header.max_timestamp == 5000
+    assert [(r.offset, r.key, r.value, r.timestamp, r.headers) for r in decoded.records] == [
+        (i, key, value, timestamp, tuple(headers or ())) for i, (key, value, timestamp, headers) in enumerate(sent)
+    ]
+
+
+def test_futures_share_their_batch_result_and_callbacks_run_in_order() -> None:
+    accumulator = make_accumulator()
+    topic = make_topic(accumulator)
+    calls: list[tuple[RecordMetadata | None, Exception | None]] = []
+    futures = [
+        append(accumulator, topic, key=b"k" if i == 1 else None, timestamp=100 + i, callback=lambda m, e: calls.append((m, e)))
+        for i in range(3)
+    ]
+    assert not futures[0].done()
+    with pytest.raises(KafkaTimeoutError):
+        futures[0].get(timeout=0.01)
+    (batch,) = topic.queues[0].batches
+    assert batch.done(40, -1, None)
+    assert not batch.done(41, -1, None)  # a batch completes once
+    assert [f.get(0) for f in futures] == [
+        RecordMetadata("t", 0, 40, 100, -1, 100),
+        RecordMetadata("t", 0, 41, 101, 1, 100),
+        RecordMetadata("t", 0, 42, 102, -1, 100),
+    ]
+    assert calls == [(f.get(0), None) for f in futures]
+    late: list[Any] = []
+    futures[2].add_callback(lambda m, e: late.append(m.offset if m else e))
+    assert late == [42]
+
+
+def test_a_failed_batch_fails_every_record_and_log_append_time_replaces_the_timestamp() -> None:
+    accumulator = make_accumulator()
+    topic = make_topic(accumulator, partitions=2)
+    failed = append(accumulator, topic, 0)
+    stamped = append(accumulator, topic, 1, timestamp=5)
+    error = KafkaException.from_code(ErrorCode.message_too_large, "produce")
+    topic.queues[0].batches[0].done(-1, -1, error)
+    topic.queues[1].batches[0].done(7, 123456, None)
+    assert failed.exception(0) is error
+    with pytest.raises(KafkaException, match="MESSAGE_TOO_LARGE"):
+        failed.get(0)
+    assert stamped.get(0).timestamp == 123456
+
+
+def test_batches_expire_after_delivery_timeout() -> None:
+    accumulator = make_accumulator(delivery_timeout=0.5)
+    topic = make_topic(accumulator, partitions=2)
+    append(accumulator, topic, 0)
+    append(accumulator, topic, 1)
+    created = topic.queues[0].batches[0].created
+    assert accumulator.expired_batches(created + 0.4) == []
+    expired = accumulator.expired_batches(created + 0.6)
+    assert sorted(batch.tp.partition for batch in expired) == [0, 1]
+    assert all(not queue.batches for queue in topic.queues)
+
+
+def test_keyless_records_spread_evenly_over_partitions_in_batch_size_runs() -> None:
+    accumulator = make_accumulator(batch_size=2000, buffer_memory=10**9, linger=60.0)
+    topic = make_topic(accumulator, partitions=4)
+    for _ in range(20_000):
+        append(accumulator, topic, -1)
+    per_partition = Counter({q.tp.partition: sum(b.record_count for b in q.batches) for q in topic.queues})
+    assert all(abs(count - 5000) < 750 for count in per_partition.values()), per_partition
+    # Switching away leaves a partition's batch open for the next visit: only its last batch is partial.
+    for queue in topic.queues:
+        assert all(batch.size + 107 > batch.limit for batch in list(queue.batches)[:-1])
+
+
+# -- idempotence: sequences assigned on drain, kept in order on retry -----------------------
+
+
+def idempotent_accumulator() -> tuple[RecordAccumulator, TopicState, IdempotenceManager]:
+    accumulator = make_accumulator(linger=0.0)
+    idempotence = IdempotenceManager()
+    accumulator.idempotence = idempotence
+    topic = make_topic(accumulator)
+    return accumulator, topic, idempotence
+
+
+def drain_one(accumulator: RecordAccumulator) -> ProducerBatch | None:
+    drained = accumulator.drain([LEADER], 1 << 20, time.monotonic() + 10)
+    return drained[LEADER][0] if drained else None
+
+
+def test_nothing_drains_before_the_producer_id_is_known() -> None:
+    accumulator, topic, idempotence = idempotent_accumulator()
+    append(accumulator, topic)
+    assert drain_one(accumulator) is None
+    idempotence.set_producer_id_and_epoch(7, 0)
+    batch = drain_one(accumulator)
+    assert batch is not None and (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (7, 0, 0)
+    assert batch.built is not None
+    assert decode_batches(bytes(batch.built))[0].header.producer_id == 7
+
+
+def test_sequences_follow_record_counts_and_retries_go_back_in_sequence_order() -> None:
+    accumulator, topic, idempotence = idempotent_accumulator()
+    idempotence.set_producer_id_and_epoch(7, 0)
+    batches = []
+    for records in (3, 2, 4):
+        for _ in range(records):
+            append(accumulator, topic)
+        batch = drain_one(accumulator)
+        assert batch is not None
+        batches.append(batch)
+    assert [b.base_sequence for b in batches] == [0, 3, 5]
+    append(accumulator, topic)  # a fresh batch, not yet sequenced
+    # The first two fail retriably, their responses arriving in reverse order.
+    accumulator.reenqueue(batches[1], time.monotonic())
+    accumulator.reenqueue(batches[0], time.monotonic())
+    queue = list(topic.queues[0].batches)
+    assert [b.base_sequence for b in queue] == [0, 3, -1]
+    # Only the first batch in flight may go: one retried batch at a time, in order.
+    assert drain_one(accumulator) is batches[0]
+    assert drain_one(accumulator) is None  # sequence 3 waits until sequence 0 completes
+    idempotence.handle_completed_batch(batches[0])
+    assert drain_one(accumulator) is batches[1]
+
+
+def test_out_of_order_sequence_for_the_next_expected_batch_bumps_the_epoch_and_resets_sequences() -> None:
+    accumulator, topic, idempotence = idempotent_accumulator()
+    idempotence.set_producer_id_and_epoch(7, 0)
+    batches = []
+    for _ in range(2):
+        append(accumulator, topic)
+        batch = drain_one(accumulator)
+        assert batch is not None
+        batches.append(batch)
+    # A later batch rejected because an earlier one is missing: retried, no bump.
+    assert idempotence.can_retry(ErrorCode.out_of_order_sequence_number, 0, batches[1])
+    assert not idempotence.epoch_bump_required
+    # The next batch the broker expects, rejected: a real gap, so the epoch is bumped.
+    assert idempotence.can_retry(ErrorCode.out_of_order_sequence_number, 0, batches[0])
+    assert idempotence.epoch_bump_required
+    idempotence.bump_epoch_if_needed()
+    assert idempotence.producer_epoch == 1
+    assert [(b.producer_epoch, b.base_sequence, b.sequence_reset) for b in batches] == [(1, 0, True), (1, 1, True)]
+    built = batches[0].close(CompressionType.NONE, None)
+    header = decode_batches(bytes(built))[0].header
+    assert (header.producer_epoch, header.base_sequence) == (1, 0)
+
+
+def test_duplicate_and_fatal_errors_in_sequence_bookkeeping() -> None:
+    accumulator, topic, idempotence = idempotent_accumulator()
+    idempotence.set_producer_id_and_epoch(7, 0)
+    append(accumulator, topic)
+    batch = drain_one(accumulator)
+    assert batch is not None
+    assert idempotence.can_retry(ErrorCode.not_leader_or_follower, 0, batch)
+    assert not idempotence.can_retry(ErrorCode.message_too_large, 0, batch)
+    # A batch refused for good after it had a sequence: later sequences restart in a new epoch.
+    idempotence.handle_failed_batch(batch, ErrorCode.message_too_large, adjust_sequences=True)
+    assert idempotence.epoch_bump_required
+    # UNKNOWN_PRODUCER_ID with the log start past what was acknowledged: retried under a new epoch.
+    append(accumulator, topic)
+    idempotence.bump_epoch_if_needed()
+    retried = drain_one(accumulator)
+    assert retried is not None and (retried.producer_epoch, retried.base_sequence) == (1, 0)
+    assert idempotence.can_retry(ErrorCode.unknown_producer_id, 50, retried)
+    assert idempotence.epoch_bump_required
