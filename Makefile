@@ -36,6 +36,7 @@ bench: $(INSTALLED)
 	$(PYTHON) bench/broker_bench.py --write-results
 	$(PYTHON) bench/idle_connections.py --write-results
 	$(PYTHON) bench/cleaner_bench.py --write-results
+	$(PYTHON) bench/client_bench.py --write-results
 
 clean:
 	rm -rf $(VENV) .cache data

@@ -7,7 +7,7 @@ a member subscribes to one topic and reports on stdout, one JSON object a line:
   member owns after it, its generation as the client sees it, and its member id;
 - `records`: `[partition, offset, value]` of each record it processed, printed before the commit
   (which follows after --commit-delay-ms, a stand-in for processing time);
-- `assignor-ran` when a kafka-python or aiokafka member computes the group's assignment;
+- `assignor-ran` when a kafka-python, aiokafka or Strom member computes the group's assignment;
 - `committed`: `{partition: next offset}` once the broker confirmed a synchronous commit, or
   `commit-failed` with the error;
 - `closed` after a clean close, which SIGTERM asks for.
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-CLIENTS = ("confluent", "kafka-python", "aiokafka")
+CLIENTS = ("confluent", "kafka-python", "aiokafka", "strom")
 SESSION_TIMEOUT_MS = 6000  # Kafka's smallest allowed session timeout (group.min.session.timeout.ms)
 HEARTBEAT_INTERVAL_MS = 500
 # librdkafka's serialized group metadata starts with this magic and then the generation id
@@ -162,6 +162,10 @@ def _reporting(base: Any) -> Any:
 
 
 def _assignor_class(client: str, name: str | None) -> Any:
+    if client == "strom":
+        from strom.client.consumer.assignors import ASSIGNORS
+
+        return ASSIGNORS[name or "range"]
     if client == "kafka-python":
         from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
         from kafka.coordinator.assignors.range import RangePartitionAssignor
@@ -290,6 +294,61 @@ async def run_aiokafka(args: argparse.Namespace, stop: threading.Event) -> None:
     await consumer.stop()
 
 
+def run_strom(args: argparse.Namespace, stop: threading.Event) -> None:
+    from strom.client.cluster import TopicPartition
+    from strom.client.consumer import Consumer, ConsumerRebalanceListener, OffsetAndMetadata
+    from strom.client.consumer.assignors import ASSIGNORS
+    from strom.client.errors import KafkaException
+
+    # The assignors report when they run: Strom names them in its config, so wrap them in place.
+    names = [args.assignor] if args.assignor else ["range", "cooperative-sticky"]
+    for name in names:
+        ASSIGNORS[name] = _reporting(_assignor_class("strom", name))
+    config: dict[str, Any] = {
+        "bootstrap.servers": args.bootstrap,
+        "group.id": args.group,
+        "client.id": args.name,
+        "group.instance.id": args.instance_id,
+        "session.timeout.ms": args.session_timeout_ms,
+        "heartbeat.interval.ms": args.heartbeat_interval_ms,
+        "max.poll.interval.ms": args.max_poll_interval_ms,
+        "partition.assignment.strategy": names,
+        "enable.auto.commit": False,
+        "auto.offset.reset": args.auto_offset_reset,
+        "fetch.max.wait.ms": 100,
+    }
+    consumer = Consumer(config)
+    ownership = Ownership(lambda: consumer.group_metadata()[1], lambda: consumer.group_metadata()[2])
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+            ownership.removed("revoked", (tp.partition for tp in revoked))
+
+        def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+            ownership.assigned(tp.partition for tp in assigned)
+
+        def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
+            ownership.removed("lost", (tp.partition for tp in lost))
+
+    consumer.subscribe([args.topic], listener=Listener())
+    while not stop.is_set():
+        polled = consumer.poll(0.1)
+        records = [(r.partition, r.offset, (r.value or b"").decode()) for r in polled]
+        if not records:
+            continue
+        offsets = _process(records)
+        time.sleep(args.commit_delay_ms / 1000)
+        try:
+            consumer.commit_sync(
+                {TopicPartition(args.topic, p): OffsetAndMetadata(o) for p, o in offsets.items()}
+            )
+        except KafkaException as exc:
+            emit("commit-failed", error=str(exc))
+        else:
+            emit("committed", offsets=offsets)
+    consumer.close()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--client", choices=CLIENTS, required=True)
@@ -316,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_confluent(args, stop)
     elif args.client == "kafka-python":
         run_kafka_python(args, stop)
+    elif args.client == "strom":
+        run_strom(args, stop)
     else:
         asyncio.run(run_aiokafka(args, stop))
     emit("closed")

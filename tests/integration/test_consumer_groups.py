@@ -1,5 +1,5 @@
-"""Consumer groups with real clients: confluent-kafka, kafka-python and aiokafka members, each in its
-own process (tests/integration/group_member.py), against one broker.
+"""Consumer groups with real clients: confluent-kafka, kafka-python, aiokafka and Strom's own consumer,
+each member in its own process (tests/integration/group_member.py), against one broker.
 
 - A member killed with SIGKILL loses its partitions to the others within its session timeout,
   and with commits after processing no record is skipped.
@@ -48,10 +48,17 @@ EXPECTED_SPLIT = {
     "range": {frozenset({0, 1}), frozenset({2, 3}), frozenset({4, 5})},
     "roundrobin": {frozenset({0, 3}), frozenset({1, 4}), frozenset({2, 5})},
 }
+# The third-party clients and Strom's consumer.
+GROUP_CLIENTS = (*PYTHON_CLIENTS, "strom")
 ASSIGNOR_CASES = [
-    *((client, assignor) for client in ("confluent", "kafka-python") for assignor in ("range", "roundrobin")),
+    *(
+        (client, assignor)
+        for client in ("confluent", "kafka-python", "strom")
+        for assignor in ("range", "roundrobin")
+    ),
     ("confluent", "cooperative-sticky"),
     ("kafka-python", "cooperative-sticky"),
+    ("strom", "cooperative-sticky"),
     # aiokafka has no cooperative assignor.
     ("aiokafka", "range"),
     ("aiokafka", "roundrobin"),
@@ -184,7 +191,7 @@ def start_members(
 # ---------------------------------------------------------------- a member dies
 
 
-@pytest.mark.parametrize("client", PYTHON_CLIENTS)
+@pytest.mark.parametrize("client", GROUP_CLIENTS)
 def test_killed_member_partitions_move_and_no_record_is_skipped(
     client: str, admin: AdminClient, bootstrap: str, topic: str, group: str, watch: GroupWatch, tmp_path: Path
 ) -> None:
@@ -326,7 +333,7 @@ def assert_incremental_join(
 # ---------------------------------------------------------------- static membership
 
 
-@pytest.mark.parametrize("client", PYTHON_CLIENTS)
+@pytest.mark.parametrize("client", GROUP_CLIENTS)
 def test_static_member_restart_gets_its_partitions_back_without_rebalance(
     client: str, admin: AdminClient, bootstrap: str, topic: str, group: str, watch: GroupWatch, tmp_path: Path
 ) -> None:
@@ -370,7 +377,7 @@ def test_static_member_restart_gets_its_partitions_back_without_rebalance(
     assert len(bystander.rebalances()) == callbacks, bystander.describe()
     assert bystander.generation == generation
     # Nobody computes an assignment for a rejoining static member: the broker hands back the stored
-    # one. (librdkafka's assignors cannot be watched; the python clients' can.)
+    # one. (librdkafka's assignors cannot be watched; the python clients' and Strom's can.)
     assigned_at = [(m.name, e["time"]) for m in members + list(back.values()) for e in m.of("assignor-ran")]
     assert all(t < restarted_at for _, t in assigned_at), assigned_at
 

@@ -233,38 +233,6 @@ class ProducerStateManager:
             fsync_dir(self.dir)
         return path
 
-    def _read_snapshot(self, path: Path) -> dict[int, ProducerStateEntry]:
-        data = path.read_bytes()
-        if len(data) < _SNAPSHOT_HEADER.size:
-            raise ValueError("snapshot shorter than its header")
-        version, crc, count = _SNAPSHOT_HEADER.unpack_from(data)
-        if version != SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported snapshot version {version}")
-        if crc32c.crc32c(memoryview(data)[6:]) != crc:
-            raise ValueError("snapshot CRC mismatch")
-        if len(data) != _SNAPSHOT_HEADER.size + count * _SNAPSHOT_ENTRY.size:
-            raise ValueError("snapshot length does not match its entry count")
-        producers = {}
-        for (
-            pid,
-            epoch,
-            last_seq,
-            last_offset,
-            delta,
-            timestamp,
-            coordinator_epoch,
-            txn_first,
-        ) in _SNAPSHOT_ENTRY.iter_unpack(memoryview(data)[_SNAPSHOT_HEADER.size :]):
-            entry = ProducerStateEntry(
-                pid, epoch, coordinator_epoch=coordinator_epoch, current_txn_first_offset=txn_first
-            )
-            first_seq = (last_seq - delta) % (INT32_MAX + 1) if last_seq >= 0 else rb.NO_SEQUENCE
-            entry.batches.append(
-                BatchMetadata(first_seq, last_seq, last_offset - delta, last_offset, timestamp)
-            )
-            producers[pid] = entry
-        return producers
-
     def load(self, log_start_offset: int, log_end_offset: int) -> int:
         """Load the newest valid snapshot at or below the log end; returns the offset to replay from.
 
@@ -281,7 +249,7 @@ class ProducerStateManager:
             if offset < log_start_offset:
                 break
             try:
-                self._producers = self._read_snapshot(path)
+                self._producers = read_snapshot(path)
             except (OSError, ValueError) as e:
                 log.warning("deleting unreadable producer snapshot %s: %s", path, e)
                 path.unlink(missing_ok=True)
@@ -306,3 +274,37 @@ class ProducerStateManager:
     def latest_snapshot_offset(self) -> int | None:
         offsets = snapshot_offsets(self.dir)
         return offsets[-1] if offsets else None
+
+
+def read_snapshot(path: Path) -> dict[int, ProducerStateEntry]:
+    """The producers of a snapshot file; ValueError when it is not a valid snapshot."""
+    data = path.read_bytes()
+    if len(data) < _SNAPSHOT_HEADER.size:
+        raise ValueError("snapshot shorter than its header")
+    version, crc, count = _SNAPSHOT_HEADER.unpack_from(data)
+    if version != SNAPSHOT_VERSION:
+        raise ValueError(f"unsupported snapshot version {version}")
+    if crc32c.crc32c(memoryview(data)[6:]) != crc:
+        raise ValueError("snapshot CRC mismatch")
+    if len(data) != _SNAPSHOT_HEADER.size + count * _SNAPSHOT_ENTRY.size:
+        raise ValueError("snapshot length does not match its entry count")
+    producers = {}
+    for (
+        pid,
+        epoch,
+        last_seq,
+        last_offset,
+        delta,
+        timestamp,
+        coordinator_epoch,
+        txn_first,
+    ) in _SNAPSHOT_ENTRY.iter_unpack(memoryview(data)[_SNAPSHOT_HEADER.size :]):
+        entry = ProducerStateEntry(
+            pid, epoch, coordinator_epoch=coordinator_epoch, current_txn_first_offset=txn_first
+        )
+        first_seq = (last_seq - delta) % (INT32_MAX + 1) if last_seq >= 0 else rb.NO_SEQUENCE
+        entry.batches.append(
+            BatchMetadata(first_seq, last_seq, last_offset - delta, last_offset, timestamp)
+        )
+        producers[pid] = entry
+    return producers

@@ -1,0 +1,73 @@
+"""Small public types of the consumer: offsets with metadata, the rebalance listener, errors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from strom.client.cluster import TopicPartition
+from strom.client.errors import ErrorCode, KafkaException
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndMetadata:
+    """A committed offset: the next offset to consume, with optional metadata text."""
+
+    offset: int
+    metadata: str = ""
+    leader_epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndTimestamp:
+    """offsets_for_times' answer: the first offset whose timestamp is at or after the one asked for."""
+
+    offset: int
+    timestamp: int
+    leader_epoch: int | None = None
+
+
+class ConsumerRebalanceListener:
+    """Rebalance callbacks; they run inside poll() on the caller's thread, as in Kafka.
+
+    ``on_partitions_revoked`` runs before a rebalance takes partitions away (all of them
+    under the eager protocol, only those moving under the cooperative one) while the
+    member still owns them, so it can commit; ``on_partitions_assigned`` runs after the
+    new assignment arrives with the partitions added; ``on_partitions_lost`` runs when
+    the member learns it was already out of the group (the partitions may have new owners,
+    so committing is pointless). In an AsyncConsumer the methods may be coroutines.
+    """
+
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> object:
+        return None
+
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> object:
+        return None
+
+    def on_partitions_lost(self, lost: set[TopicPartition]) -> object:
+        return self.on_partitions_revoked(lost)
+
+
+class NoOffsetForPartitionError(KafkaException):
+    """A partition has no committed offset and ``auto.offset.reset`` is ``none``."""
+
+    def __init__(self, partitions: set[TopicPartition]) -> None:
+        names = ", ".join(sorted(str(tp) for tp in partitions))
+        super().__init__(
+            f"no committed offset for {names} and auto.offset.reset is none", ErrorCode.offset_out_of_range
+        )
+        self.partitions = partitions
+
+
+class OffsetOutOfRangeError(KafkaException):
+    """A fetch position is outside the log and ``auto.offset.reset`` is ``none``."""
+
+    def __init__(self, offsets: Mapping[TopicPartition, int]) -> None:
+        names = ", ".join(
+            f"{tp} at {offset}" for tp, offset in sorted(offsets.items(), key=lambda i: str(i[0]))
+        )
+        super().__init__(
+            f"fetch position out of range for {names} and auto.offset.reset is none",
+            ErrorCode.offset_out_of_range,
+        )
+        self.offsets = dict(offsets)
