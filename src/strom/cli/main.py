@@ -1,48 +1,71 @@
-"""The ``strom`` command."""
+"""The ``strom`` command: ``strom serve`` runs a broker; the other commands are clients of any
+Kafka-protocol broker, each in its own module with a ``register(subparsers)`` function."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from strom.cli import logs
+from strom.cli import (
+    configs,
+    consume,
+    delete_records,
+    dump_log,
+    groups,
+    logs,
+    offsets,
+    perf,
+    produce,
+    topics,
+)
+from strom.cli.common import ArgumentParser, CliError, key_value
+from strom.client.errors import KafkaException
 
 if TYPE_CHECKING:
     from strom.broker.config import KafkaConfig
 
 log = logging.getLogger("strom")
 
-
-def _parse_override(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
-    return key.strip(), value.strip()
+COMMANDS = (topics, produce, consume, groups, configs, offsets, delete_records, perf, dump_log)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="strom", description="Strom: Kafka's design, in Python.")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser(
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="strom", description="Strom: Kafka's design, in Python.")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        metavar="LEVEL",
+        help="DEBUG, INFO, WARNING or ERROR (default INFO for serve, WARNING for the other commands)",
+    )
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=ArgumentParser
+    )
+    serve_parser = commands.add_parser(
         "serve",
         help="run a broker",
         description="Run a Strom broker. Configuration uses Kafka's broker config names.",
     )
-    serve.add_argument("config", nargs="?", type=Path, help="a Kafka-style server.properties file")
-    serve.add_argument(
+    serve_parser.add_argument("config", nargs="?", type=Path, help="a Kafka-style server.properties file")
+    serve_parser.add_argument(
         "--override",
         action="append",
         default=[],
-        type=_parse_override,
+        type=key_value,
         metavar="KEY=VALUE",
         help="set a broker config, overriding the file (repeatable)",
     )
+    serve_parser.set_defaults(func=serve)
+    for command in COMMANDS:
+        command.register(commands)
     return parser
 
 
@@ -87,12 +110,45 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fail(message: str) -> None:
+    print(f"strom: error: {message}", file=sys.stderr)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a command other than serve; any failure becomes one line on stderr and a non-zero exit."""
+    try:
+        status: int = args.func(args)
+        return status
+    except CliError as exc:
+        _fail(str(exc))
+        return exc.exit_code
+    except KafkaException as exc:
+        _fail(str(exc))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`strom consume ... | head`): stop quietly, as Unix tools do,
+        # and keep the interpreter from complaining while it flushes stdout at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:
+        _fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+        return 1
+    except Exception as exc:
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            traceback.print_exc()
+        _fail(f"unexpected {type(exc).__name__}: {exc} (--log-level DEBUG shows where)")
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logs.configure(args.log_level)
+    logs.configure(args.log_level or ("INFO" if args.command == "serve" else "WARNING"))
     if args.command == "serve":
         return serve(args)
-    return 2
+    return run_command(args)
 
 
 if __name__ == "__main__":
