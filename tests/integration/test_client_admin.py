@@ -1,10 +1,14 @@
 """Strom's AdminClient and AsyncAdminClient against a real broker: every call, and the broker's
-error codes surfacing as KafkaException with that code. Group state comes from confluent-kafka
+error codes surfacing as KafkaException with that code; calls over several items apply what they
+can before raising; default.api.timeout.ms holds while the broker hangs, and late answers to
+abandoned requests are not mistaken for later ones. Group state comes from confluent-kafka
 consumers, records from confluent-kafka's producer."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 import uuid
@@ -431,3 +435,91 @@ def test_calls_retry_across_a_broker_restart(running_broker: BrokerProcess, admi
 @pytest.fixture()
 def free_bootstrap() -> str:
     return f"{HOST}:{free_port()}"
+
+
+# -- partial failures and an unresponsive broker -----------------------------------------------
+
+
+def test_calls_over_several_items_apply_what_they_can(admin: AdminClient, bootstrap: str) -> None:
+    name, empty_group = unique("partial"), unique("empty")
+    admin.create_topics([NewTopic(name, 2, 1)])
+    produce(bootstrap, name, [(p, b"x", int(time.time() * 1000)) for p in (0, 1) for _ in range(5)])
+    p0, p1 = TopicPartition(name, 0), TopicPartition(name, 1)
+    with pytest.raises(KafkaException) as beyond:
+        admin.delete_records({p0: 3, p1: 99})
+    assert code_of(beyond) == ErrorCode.offset_out_of_range and str(p1) in str(beyond.value)
+    assert admin.list_offsets({p0: OffsetSpec.earliest()})[p0].offset == 3  # applied despite p1
+    assert admin.list_offsets({p1: OffsetSpec.earliest()})[p1].offset == 0
+
+    started = time.monotonic()
+    with pytest.raises(KafkaException) as unknown:
+        admin.list_offsets({p0: OffsetSpec.latest(), TopicPartition(name, 9): OffsetSpec.latest()})
+    assert code_of(unknown) == ErrorCode.unknown_topic_or_partition and f"{name}-9" in str(unknown.value)
+    assert time.monotonic() - started < 2  # known to be missing: not retried until the timeout
+
+    admin.alter_consumer_group_offsets(empty_group, {p0: 1})
+    missing = unique("missing")
+    with pytest.raises(KafkaException) as no_group:
+        admin.delete_consumer_groups([missing, empty_group])
+    assert code_of(no_group) == ErrorCode.group_id_not_found and missing in str(no_group.value)
+    assert admin.list_consumer_group_offsets(empty_group) == {}  # deleted all the same
+    assert admin.list_consumer_group_offsets(missing) == {}
+
+
+class Freezer:
+    """SIGSTOP and SIGCONT for the module's broker: connections stay open and nothing answers."""
+
+    def __init__(self, broker: BrokerProcess) -> None:
+        self.broker = broker
+        self.frozen: int | None = None
+
+    def freeze(self) -> None:
+        assert self.broker.pid is not None
+        os.kill(self.broker.pid, signal.SIGSTOP)
+        self.frozen = self.broker.pid
+
+    def thaw(self) -> None:
+        if self.frozen is not None:
+            os.kill(self.frozen, signal.SIGCONT)
+            self.frozen = None
+
+
+@pytest.fixture
+def freezer(running_broker: BrokerProcess) -> Iterator[Freezer]:
+    freezer = Freezer(running_broker)
+    yield freezer
+    freezer.thaw()
+
+
+def test_default_api_timeout_while_the_broker_hangs(bootstrap: str, freezer: Freezer) -> None:
+    name, group = unique("frozen"), unique("frozen")
+    with AdminClient({"bootstrap.servers": bootstrap, "default.api.timeout.ms": 1000}) as short:
+        short.create_topics([NewTopic(name, 1, 1)])
+        short.alter_consumer_group_offsets(group, {TopicPartition(name, 0): 0})
+        freezer.freeze()
+        for call in (
+            short.list_topics,
+            lambda: short.describe_topics([name]),
+            lambda: short.list_consumer_group_offsets(group),
+            lambda: short.list_offsets({TopicPartition(name, 0): OffsetSpec.latest()}),
+        ):
+            started = time.monotonic()
+            with pytest.raises(KafkaTimeoutError, match="within 1000 ms"):
+                call()
+            assert time.monotonic() - started < 2
+        started = time.monotonic()
+        with pytest.raises(KafkaTimeoutError, match="within 300 ms"):
+            short.describe_cluster(timeout=0.3)
+        assert time.monotonic() - started < 1
+        # The late answers to the abandoned requests must not be taken for the next ones'.
+        freezer.thaw()
+        assert name in short.list_topics(timeout=10)
+        assert short.list_consumer_group_offsets(group, timeout=10) == {
+            TopicPartition(name, 0): OffsetAndMetadata(0)
+        }
+        assert (
+            short.list_offsets({TopicPartition(name, 0): OffsetSpec.latest()}, timeout=10)[
+                TopicPartition(name, 0)
+            ].offset
+            == 0
+        )

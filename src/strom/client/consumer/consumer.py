@@ -71,8 +71,11 @@ class Consumer:
         caller = self._core.caller
         while True:
             self._wake.clear()
+            # Done before running the queue: callbacks queued before the coroutine ended (the
+            # asynchronous commits a commit_sync waited for) run before this call returns.
+            done = future.done()
             caller.run_pending()
-            if future.done():
+            if done:
                 return future.result()
             self._wake.wait()
 
@@ -201,7 +204,8 @@ class AsyncConsumer:
     """The consumer on the caller's asyncio loop (create it inside a coroutine).
 
     The methods that need the network are coroutines; ``async for record in consumer``
-    yields records one by one until the consumer is closed.
+    yields records one by one until the consumer is closed. Positions, commits and close()
+    count only the records it yielded, also when the loop stops in the middle of a poll's.
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
@@ -224,6 +228,30 @@ class AsyncConsumer:
     ) -> None:
         await self.close()
 
+    def _give_back(self) -> None:
+        """Hand the records ``async for`` took with poll() but has not yielded back to the fetcher.
+
+        poll() moved the positions past them; each partition goes back to its first record
+        not yielded, so commits, close() and position() never count records the application
+        did not get, and a seek, pause or new assignment is never followed by stale records.
+        """
+        rest = self._buffer[self._buffered_from :]
+        self._buffer = []
+        self._buffered_from = 0
+        first: dict[TopicPartition, ConsumerRecord] = {}
+        for record in rest:
+            first.setdefault(TopicPartition(record.topic, record.partition), record)
+        subscriptions = self._core.subscriptions
+        for tp, record in first.items():
+            with subscriptions.lock:
+                state = subscriptions.assignment.get(tp)
+                if state is None or state.position is None or state.position <= record.offset:
+                    continue
+                subscriptions.seek(tp, record.offset, record.leader_epoch)
+            self._core.fetcher.discard([tp])
+        if first:
+            self._core.fetcher.wakeup()
+
     async def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Await a coroutine while running the callbacks it queues (a rebalance in unsubscribe, close)."""
         task = asyncio.ensure_future(coroutine)
@@ -237,23 +265,27 @@ class AsyncConsumer:
             await self._wake.wait()
 
     def subscribe(self, topics: Topics, listener: ConsumerRebalanceListener | None = None) -> None:
+        self._give_back()
         self._core.subscribe(topics, listener)
 
     def subscription(self) -> set[str]:
         return set(self._core.subscriptions.subscription)
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        self._give_back()
         self._core.assign(partitions)
 
     def assignment(self) -> set[TopicPartition]:
         return self._core.subscriptions.assigned_partitions()
 
     async def unsubscribe(self) -> None:
+        self._give_back()
         await self._run(self._core.unsubscribe())
 
     async def poll(self, timeout: float = 1.0) -> list[ConsumerRecord]:
         core = self._core
         caller = core.caller
+        self._give_back()
         core.before_poll()
         deadline = time.monotonic() + timeout
         records: list[ConsumerRecord] = []
@@ -300,9 +332,13 @@ class AsyncConsumer:
         return record
 
     async def commit_sync(self, offsets: Offsets | None = None, timeout: float | None = None) -> None:
+        if offsets is None:
+            self._give_back()
         await self._run(self._core.commit_sync(offsets, timeout))
 
     def commit_async(self, offsets: Offsets | None = None, callback: CommitCallback | None = None) -> None:
+        if offsets is None:
+            self._give_back()
         self._core.commit_async(offsets, callback)
 
     async def committed(
@@ -311,6 +347,7 @@ class AsyncConsumer:
         return await self._core.committed(partitions, timeout)
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
+        self._give_back()
         self._core.seek(partition, offset)
 
     def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> asyncio.Future[None]:
@@ -319,15 +356,18 @@ class AsyncConsumer:
         Takes effect at once; it also returns an awaitable, so code written for aiokafka
         (``await consumer.seek_to_beginning()``) works unchanged.
         """
+        self._give_back()
         self._core.seek_to(partitions, OffsetResetStrategy.EARLIEST)
         return _done()
 
     def seek_to_end(self, partitions: Iterable[TopicPartition] | None = None) -> asyncio.Future[None]:
         """Like seek_to_beginning, for the latest offsets."""
+        self._give_back()
         self._core.seek_to(partitions, OffsetResetStrategy.LATEST)
         return _done()
 
     async def position(self, partition: TopicPartition, timeout: float | None = None) -> int:
+        self._give_back()
         return await self._core.position(partition, timeout)
 
     async def offsets_for_times(
@@ -346,6 +386,7 @@ class AsyncConsumer:
         return await self._core.edge_offsets(partitions, LATEST_TIMESTAMP, timeout)
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        self._give_back()
         self._core.pause(partitions)
 
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
@@ -364,6 +405,8 @@ class AsyncConsumer:
         return self._core.group_metadata()
 
     async def close(self, timeout: float | None = None) -> None:
+        if not self._core.closed:
+            self._give_back()
         await self._run(self._core.close(timeout))
 
     stop = close

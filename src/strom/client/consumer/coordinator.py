@@ -149,6 +149,9 @@ class ConsumerCoordinator:
         self._pending_commits: set[asyncio.Task[Any]] = set()
         self._errors: list[Exception] = []
         self._closing = False
+        # Set while the commit before a rebalance runs: poll() returns no records until the
+        # partitions are revoked, as Kafka's poll commits and revokes before it collects.
+        self.holding_records = False
 
     # -- what poll() asks (the caller's thread) ---------------------------------------------
 
@@ -418,10 +421,25 @@ class ConsumerCoordinator:
 
     async def _on_join_prepare(self) -> None:
         """Before JoinGroup: commit (auto-commit), then revoke (eager) or drop lost partitions."""
-        if self.auto_commit and self.generation.is_valid:
-            await self.commit_offsets_quietly(
-                self.subscriptions.all_consumed(), self.rebalance_timeout_ms / 1000
-            )
+        try:
+            if self.auto_commit and self.generation.is_valid:
+                # The positions as the caller's thread sees them at its next poll(): what earlier
+                # polls returned, never the records of the poll that started this rebalance, which
+                # the application may still be processing.
+                offsets = await self._caller.call(self._hold_records)
+                await self.commit_offsets_quietly(offsets, self.rebalance_timeout_ms / 1000)
+            await self._revoke_before_join()
+        finally:
+            self.holding_records = False
+        self.is_leader = False
+        self.subscriptions.group_subscription = set()
+
+    def _hold_records(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        """On the caller's thread: stop poll() returning records, and take the positions to commit."""
+        self.holding_records = True
+        return self.subscriptions.all_consumed()
+
+    async def _revoke_before_join(self) -> None:
         owned = self.subscriptions.assigned_partitions()
         if not self.generation.is_valid:
             if owned:
@@ -435,8 +453,6 @@ class ConsumerCoordinator:
             if gone:
                 await self._invoke_listener("on_partitions_revoked", gone)
                 await self._caller.call(self._apply_assignment, owned - gone)
-        self.is_leader = False
-        self.subscriptions.group_subscription = set()
 
     async def _on_join_complete(self, data: bytes) -> None:
         generation = self.generation
@@ -608,7 +624,12 @@ class ConsumerCoordinator:
         finally:
             self._closing = True
             self._stop_heartbeat()
-            await asyncio.gather(*self._pending_commits, return_exceptions=True)
+            pending = set(self._pending_commits)
+            if pending:  # asynchronous commits get what is left of the timeout, then are dropped
+                await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
 
     async def leave(self, reason: str, deadline: float, *, revoke_static: bool) -> None:
         """Revoke the partitions and leave the group (unsubscribe, close). A static member sends no
@@ -661,22 +682,32 @@ class ConsumerCoordinator:
         """
         if not offsets:
             return
-        await asyncio.gather(*self._pending_commits, return_exceptions=True)  # keep commits in order
         deadline = time.monotonic() + timeout
-        attempt = 0
-        while True:
-            try:
-                await self._commit_once(offsets, deadline)
-                return
-            except KafkaException as exc:
-                if not exc.retriable or isinstance(exc, CommitFailedError):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise KafkaTimeoutError(
-                        f"offset commit did not complete within {timeout * 1000:.0f} ms: {exc}"
-                    ) from exc
-                await self.client.backoff(min(attempt, 4))
-                attempt += 1
+        last_error: Exception | None = None
+        try:
+            # The whole call, a request to a broker that stopped answering included, keeps to timeout.
+            async with asyncio.timeout(timeout):
+                if self._pending_commits:  # keep commits in order (wait, not gather: never cancel them)
+                    await asyncio.wait(set(self._pending_commits))
+                attempt = 0
+                while True:
+                    try:
+                        await self._commit_once(offsets, deadline)
+                        return
+                    except KafkaException as exc:
+                        if not exc.retriable or isinstance(exc, CommitFailedError):
+                            raise
+                        last_error = exc
+                        if time.monotonic() >= deadline:
+                            break
+                        await self.client.backoff(min(attempt, 4))
+                        attempt += 1
+        except TimeoutError:
+            pass
+        raise KafkaTimeoutError(
+            f"offset commit did not complete within {timeout * 1000:.0f} ms"
+            + (f": {last_error}" if last_error is not None else "")
+        )
 
     def commit_offsets_async(
         self,
@@ -704,6 +735,13 @@ class ConsumerCoordinator:
     async def commit_offsets_quietly(
         self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout: float
     ) -> None:
+        """The auto-commit before a rebalance and on close: failures are logged, not raised."""
+        if self.subscriptions.has_auto_assigned_partitions:
+            # A deleted topic's partitions fail every commit with UNKNOWN_TOPIC_OR_PARTITION, which
+            # is retriable: the commit would retry until the timeout (the rebalance timeout, when it
+            # comes before the rebalance that drops those partitions). Metadata already says so.
+            known = self.client.cluster.topics
+            offsets = {tp: offset for tp, offset in offsets.items() if tp.topic in known}
         try:
             await self.commit_offsets(offsets, timeout)
         except KafkaException as exc:
@@ -785,19 +823,27 @@ class ConsumerCoordinator:
         if not partitions:
             return {}
         deadline = time.monotonic() + timeout
-        attempt = 0
-        while True:
-            try:
-                return await self._fetch_committed_once(partitions, deadline)
-            except KafkaException as exc:
-                if not exc.retriable:
-                    raise
-                if time.monotonic() >= deadline:
-                    raise KafkaTimeoutError(
-                        f"committed offsets not fetched within {timeout * 1000:.0f} ms: {exc}"
-                    ) from exc
-                await self.client.backoff(min(attempt, 4))
-                attempt += 1
+        last_error: Exception | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                attempt = 0
+                while True:
+                    try:
+                        return await self._fetch_committed_once(partitions, deadline)
+                    except KafkaException as exc:
+                        if not exc.retriable:
+                            raise
+                        last_error = exc
+                        if time.monotonic() >= deadline:
+                            break
+                        await self.client.backoff(min(attempt, 4))
+                        attempt += 1
+        except TimeoutError:
+            pass
+        raise KafkaTimeoutError(
+            f"committed offsets not fetched within {timeout * 1000:.0f} ms"
+            + (f": {last_error}" if last_error is not None else "")
+        )
 
     async def _fetch_committed_once(
         self, partitions: set[TopicPartition], deadline: float

@@ -207,6 +207,8 @@ class ConsumerCore:
                 raise error
             if coordinator.need_rejoin() and not coordinator.rebalancing:
                 self.on_loop(coordinator.ensure_active_group)
+            if coordinator.holding_records and coordinator.rebalancing:
+                return []
         return self.fetcher.collect(self.max_poll_records if max_records is None else max_records)
 
     # -- subscriptions and positions (no I/O; any thread) ------------------------------------------
@@ -268,6 +270,7 @@ class ConsumerCore:
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         self.check_open()
         self.subscriptions.pause(partitions)
+        self.fetcher.wakeup()  # their buffered records no longer hold back the other partitions' fetches
 
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
         self.check_open()

@@ -123,6 +123,12 @@ class Fetcher:
         # Set whenever committed offsets or a reset gave partitions positions (position() waits on it).
         self.positions_updated = asyncio.Event()
         self._in_flight: set[int] = set()
+        # When each partition last got records: requests list the longest-waiting partitions first,
+        # since a broker fills a response in request order and the first partition gets at least a
+        # batch. Without it one partition's backlog would take every response (Kafka's consumer
+        # moves partitions to the end, and its brokers rotate fetch sessions, for the same reason).
+        self._last_data: dict[TopicPartition, int] = {}
+        self._responses = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._initializing: set[TopicPartition] = set()
         self._resetting: set[TopicPartition] = set()
@@ -260,7 +266,10 @@ class Fetcher:
         self._wakeup.set()
 
     def _send_fetches(self) -> None:
-        if self._queued_bytes >= self.prefetch_limit:
+        if (
+            self._queued_bytes >= self.prefetch_limit
+            and self._fetchable_queued_bytes() >= self.prefetch_limit
+        ):
             return
         cluster = self.client.cluster
         requests: dict[int, dict[TopicPartition, tuple[int, int]]] = {}
@@ -276,11 +285,25 @@ class Fetcher:
                 if leader.node_id in self._in_flight:
                     continue
                 requests.setdefault(leader.node_id, {})[tp] = (state.fetch_position, state.epoch)
+            if len(self._last_data) > len(self.subscriptions.assignment):
+                assigned = self.subscriptions.assignment
+                self._last_data = {tp: n for tp, n in self._last_data.items() if tp in assigned}
         if missing_leader:
             self._request_metadata_update()
+        last_data = self._last_data
         for node_id, partitions in requests.items():
             self._in_flight.add(node_id)
-            self._spawn(self._fetch(node_id, partitions))
+            ordered = dict(sorted(partitions.items(), key=lambda item: last_data.get(item[0], -1)))
+            self._spawn(self._fetch(node_id, ordered))
+
+    def _fetchable_queued_bytes(self) -> int:
+        """Queued bytes less those of paused partitions, which wait for resume() and must not
+        stop the fetches of the others (Kafka's consumer keeps fetching the partitions not paused)."""
+        with self.subscriptions.lock:
+            assignment = self.subscriptions.assignment
+            return sum(
+                fetch.size for fetch in self._completed if not assignment.get(fetch.tp, _UNASSIGNED).paused
+            )
 
     def _build_fetch(
         self, partitions: dict[TopicPartition, tuple[int, int]]
@@ -362,6 +385,7 @@ class Fetcher:
         subscriptions = self.subscriptions
         queued = False
         refresh = False
+        self._responses += 1
         with subscriptions.lock:
             for topic in response.responses:
                 for data in topic.partitions:
@@ -412,6 +436,7 @@ class Fetcher:
                             self._completed.append(CompletedFetch(tp, epoch, fetch_offset, fetched, end))
                             self._queued_bytes += end
                             state.fetch_position = next_offset
+                            self._last_data[tp] = self._responses
                         queued = True
                     elif error in _LEADER_ERRORS:
                         log.info("fetch of %s: %s; refreshing metadata", tp, error.name)
@@ -448,46 +473,55 @@ class Fetcher:
         attempt = 0
         last_error: Exception | None = None
         refresh = False
-        while remaining:
-            cluster = self.client.cluster
-            if refresh or any(cluster.leader(tp) is None for tp in remaining):
-                try:
-                    cluster = await self.client.refresh_metadata(
-                        self._metadata_topics({tp.topic for tp in remaining})
+        try:
+            # The whole call keeps to timeout, a request to a broker that stopped answering included.
+            async with asyncio.timeout(timeout):
+                while remaining:
+                    cluster = self.client.cluster
+                    if refresh or any(cluster.leader(tp) is None for tp in remaining):
+                        try:
+                            cluster = await self.client.refresh_metadata(
+                                self._metadata_topics({tp.topic for tp in remaining})
+                            )
+                        except (KafkaConnectionError, RequestTimeoutError) as exc:
+                            last_error = exc
+                    by_leader: dict[int, dict[TopicPartition, int]] = {}
+                    for tp, timestamp in remaining.items():
+                        leader = cluster.leader(tp)
+                        if leader is not None:
+                            by_leader.setdefault(leader.node_id, {})[tp] = timestamp
+                    outcomes = await asyncio.gather(
+                        *(self._list_offsets_from(node, wanted) for node, wanted in by_leader.items()),
+                        return_exceptions=True,
                     )
-                except (KafkaConnectionError, RequestTimeoutError) as exc:
-                    last_error = exc
-            by_leader: dict[int, dict[TopicPartition, int]] = {}
-            for tp, timestamp in remaining.items():
-                leader = cluster.leader(tp)
-                if leader is not None:
-                    by_leader.setdefault(leader.node_id, {})[tp] = timestamp
-            outcomes = await asyncio.gather(
-                *(self._list_offsets_from(node, wanted) for node, wanted in by_leader.items()),
-                return_exceptions=True,
-            )
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    if not isinstance(outcome, (KafkaConnectionError, RequestTimeoutError, KafkaException)):
-                        raise outcome
-                    if isinstance(outcome, KafkaException) and not outcome.retriable:
-                        raise outcome
-                    last_error = outcome
-                    continue
-                for tp, answer in outcome.items():
-                    found[tp] = answer
-                    remaining.pop(tp, None)
-            if not remaining:
-                break
-            if loop.time() >= deadline:
-                raise KafkaTimeoutError(
-                    f"offsets of {', '.join(sorted(map(str, remaining)))} not found within {timeout * 1000:.0f} ms"
-                    + (f": {last_error}" if last_error else "")
-                )
-            await self.client.backoff(min(attempt, 4))
-            attempt += 1
-            refresh = True  # the leaders may have moved
-        return found
+                    for outcome in outcomes:
+                        if isinstance(outcome, BaseException):
+                            if not isinstance(
+                                outcome, (KafkaConnectionError, RequestTimeoutError, KafkaException)
+                            ):
+                                raise outcome
+                            if isinstance(outcome, KafkaException) and not outcome.retriable:
+                                raise outcome
+                            last_error = outcome
+                            continue
+                        for tp, answer in outcome.items():
+                            found[tp] = answer
+                            remaining.pop(tp, None)
+                    if not remaining:
+                        return found
+                    if loop.time() >= deadline:
+                        break
+                    await self.client.backoff(min(attempt, 4))
+                    attempt += 1
+                    refresh = True  # the leaders may have moved
+        except TimeoutError:
+            pass
+        if not remaining:
+            return found
+        raise KafkaTimeoutError(
+            f"offsets of {', '.join(sorted(map(str, remaining)))} not found within {timeout * 1000:.0f} ms"
+            + (f": {last_error}" if last_error else "")
+        )
 
     def _metadata_topics(self, topics: set[str]) -> set[str]:
         # Keep what the consumer needs anyway in the same request.
@@ -692,9 +726,17 @@ class Fetcher:
             self.wakeup()  # the fetch loop stopped at the limit
 
     def discard(self, partitions: Iterable[TopicPartition] | None = None) -> None:
-        """Forget buffered data (of ``partitions``, or all of it)."""
+        """Forget buffered data (of ``partitions``, or all of it).
+
+        A partition that stays assigned fetches again from its position: what lay between
+        it and the fetch position is gone, and a fetch in flight for it is stale now.
+        """
         wanted = None if partitions is None else set(partitions)
         with self.subscriptions.lock:
+            for tp, state in self.subscriptions.assignment.items():
+                if (wanted is None or tp in wanted) and state.fetch_position != state.position:
+                    state.epoch += 1
+                    state.fetch_position = state.position
             kept: collections.deque[CompletedFetch] = collections.deque()
             for fetch in self._completed:
                 if wanted is None or fetch.tp in wanted:
