@@ -204,6 +204,41 @@ def test_async_producer_sends_and_waits(bootstrap: str) -> None:
     assert stored_records(bootstrap, topic)[0].headers == (("h", None),)
 
 
+def test_async_producer_futures_gather_and_take_done_callbacks_like_asyncio_futures(bootstrap: str) -> None:
+    topic = "async-futures"
+    create_topic(bootstrap, topic, partitions=2)
+
+    async def run() -> None:
+        async with AsyncProducer({"bootstrap.servers": bootstrap, **FAST}) as producer:
+            futures = [await producer.send(topic, b"v-%d" % i, partition=i % 2) for i in range(100)]
+            assert all(asyncio.isfuture(future) for future in futures)
+            done: list[Any] = []
+            futures[5].add_done_callback(done.append)
+            metadata = await asyncio.gather(*futures)
+            assert [(m.partition, m.offset) for m in metadata] == [(i % 2, i // 2) for i in range(100)]
+            assert done == [futures[5]]
+            assert futures[0].result() == RecordMetadata(topic, 0, 0, futures[0].result().timestamp, -1, 3)
+
+    asyncio.run(run())
+
+
+def test_a_topic_idle_for_metadata_max_idle_drops_out_and_is_fetched_again_when_used(
+    make_producer: Callable[..., Producer],
+) -> None:
+    producer = make_producer(**{"metadata.max.idle.ms": 5000})
+    metadata = producer._core.metadata
+    assert metadata is not None and metadata.max_idle == 5.0
+    metadata.max_idle = 0.2  # the config's floor is 5 s: shortened for the test
+    assert producer.send("idle-topic", b"first").get(10).offset == 0
+    time.sleep(0.3)
+    # Any refresh (here: the metadata wait for a new topic) lets the idle topic go.
+    assert producer.send("busy-topic", b"other").get(10).offset == 0
+    assert "idle-topic" not in producer._accumulator.topics
+    assert "busy-topic" in producer._accumulator.topics
+    assert producer.send("idle-topic", b"second").get(10).offset == 1
+    assert "idle-topic" in producer._accumulator.topics
+
+
 def test_auto_created_topic_is_awaited_and_future_get_blocks_until_acknowledged(
     make_producer: Callable[..., Producer],
 ) -> None:
@@ -237,14 +272,15 @@ def test_a_batch_above_max_message_bytes_is_split_and_every_record_lands_once_in
             "max.in.flight.requests.per.connection": 5 if idempotent else 1,
         }
     )
-    calls: list[int] = []
+    calls: list[tuple[int, int]] = []
     futures = [
-        producer.send(topic, b"%04d" % i + b"x" * 96, callback=lambda m, e, i=i: calls.append(i))
+        producer.send(topic, b"%04d" % i + b"x" * 96, callback=lambda m, e, i=i: calls.append((i, m.offset if m else -1)))
         for i in range(150)
     ]
     producer.flush(15)
     assert [future.get(0).offset for future in futures] == list(range(150))
-    assert calls == list(range(150))
+    # Each part's callbacks get their records' own offsets, built from the part's response.
+    assert calls == [(i, i) for i in range(150)]
     batches = fetch_batches(bootstrap, topic)
     assert len(batches) > 1 and all(batch.header.size <= 3000 for batch in batches)
     assert [r.value[:4] for b in batches for r in b.records if r.value] == [b"%04d" % i for i in range(150)]

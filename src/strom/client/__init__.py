@@ -28,13 +28,20 @@ from strom.client.consumer import (
     OffsetAndTimestamp,
 )
 from strom.client.errors import CommitFailedError, ConfigException, KafkaException, KafkaTimeoutError
-from strom.client.producer import AsyncProducer, FutureRecordMetadata, Producer, RecordMetadata
+from strom.client.producer import (
+    AsyncFutureRecordMetadata,
+    AsyncProducer,
+    FutureRecordMetadata,
+    Producer,
+    RecordMetadata,
+)
 
 __all__ = [
     "AdminClient",
     "AlterConfigOp",
     "AsyncAdminClient",
     "AsyncConsumer",
+    "AsyncFutureRecordMetadata",
     "AsyncProducer",
     "CommitFailedError",
     "ConfigException",

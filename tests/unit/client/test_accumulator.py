@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 import time
 from collections import Counter
@@ -9,15 +11,20 @@ from typing import Any
 
 import pytest
 
+from strom.client.cluster import Cluster, PartitionMetadata, TopicMetadata
 from strom.client.errors import KafkaException, KafkaTimeoutError
 from strom.client.producer.accumulator import (
     FutureRecordMetadata,
     ProducerBatch,
     RecordAccumulator,
     RecordMetadata,
+    TopicExpiredError,
     TopicState,
 )
 from strom.client.producer.idempotence import IdempotenceManager
+from strom.client.producer.metadata import ProducerMetadata
+from strom.client.producer.producer import AsyncFutureRecordMetadata
+from strom.network.pool import Node
 from strom.protocol.errors import ErrorCode
 from strom.records.batch import HEADER_SIZE, CompressionType
 from strom.records.codec import decode_batches
@@ -56,7 +63,7 @@ def append(
     headers: list[tuple[str, bytes | None]] | None = None,
     callback: Any = None,
     max_block: float | None = 0.0,
-) -> FutureRecordMetadata:
+) -> Any:  # a FutureRecordMetadata, or what the accumulator's future_factory makes
     future = accumulator.append(topic, partition, timestamp, key, value, headers, callback, max_block)
     assert future is not None
     return future
@@ -214,6 +221,7 @@ def test_futures_share_their_batch_result_and_callbacks_run_in_order() -> None:
         append(accumulator, topic, key=b"k" if i == 1 else None, timestamp=100 + i, callback=lambda m, e: calls.append((m, e)))
         for i in range(3)
     ]
+    assert all(isinstance(future, FutureRecordMetadata) for future in futures)
     assert not futures[0].done()
     with pytest.raises(KafkaTimeoutError):
         futures[0].get(timeout=0.01)
@@ -361,3 +369,260 @@ def test_duplicate_and_fatal_errors_in_sequence_bookkeeping() -> None:
     assert retried is not None and (retried.producer_epoch, retried.base_sequence) == (1, 0)
     assert idempotence.can_retry(ErrorCode.unknown_producer_id, 50, retried)
     assert idempotence.epoch_bump_required
+
+
+# ---------------------------------------------------------------- completion: metadata built when asked for
+
+
+def test_callbacks_and_futures_of_split_batch_parts_see_their_own_offsets() -> None:
+    accumulator = make_accumulator(batch_size=2000)
+    topic = make_topic(accumulator)
+    calls: list[tuple[int, RecordMetadata | None, Exception | None]] = []
+    futures = [
+        append(
+            accumulator,
+            topic,
+            key=b"k" * (i % 3),
+            timestamp=1000 + i,
+            callback=lambda m, e, i=i: calls.append((i, m, e)),
+        )
+        for i in range(12)
+    ]
+    batch = drain_one(accumulator)
+    assert batch is not None and batch.record_count == 12
+    parts = accumulator.split_and_reenqueue(batch)
+    assert len(parts) > 2 and list(topic.queues[0].batches) == parts
+    # Each part is sent on its own; the second is refused again and split once more, its
+    # records' positions staying relative to the first batch.
+    base = 500
+    pieces: list[ProducerBatch] = []
+    while (piece := drain_one(accumulator)) is not None:
+        if piece is parts[1]:
+            assert len(accumulator.split_and_reenqueue(piece)) > 1
+            continue
+        pieces.append(piece)
+        piece.done(base, -1, None)
+        base += piece.record_count + 10  # a gap: each part's offsets come from its own response
+    assert len(pieces) > len(parts) and sum(p.record_count for p in pieces) == 12
+    expected: list[RecordMetadata] = []
+    base = 500
+    for piece in pieces:
+        for n in range(piece.record_count):
+            i = len(expected)
+            expected.append(RecordMetadata("t", 0, base + n, 1000 + i, i % 3, 100))
+        base += piece.record_count + 10
+    assert [future.get(0) for future in futures] == expected
+    assert calls == [(i, metadata, None) for i, metadata in enumerate(expected)]
+
+
+def test_callbacks_get_log_append_time_unknown_offsets_and_errors() -> None:
+    accumulator = make_accumulator()
+    topic = make_topic(accumulator, partitions=3)
+    calls: list[tuple[int, RecordMetadata | None, Exception | None]] = []
+
+    def record(partition: int) -> Any:
+        return lambda m, e: calls.append((partition, m, e))
+
+    futures = [append(accumulator, topic, p, value=None, timestamp=7, callback=record(p)) for p in range(3)]
+    error = KafkaException.from_code(ErrorCode.not_leader_or_follower, "produce")
+    topic.queues[0].batches[0].done(10, 123, None)  # LogAppendTime
+    topic.queues[1].batches[0].done(-1, -1, None)  # acks=0: no offset
+    topic.queues[2].batches[0].done(-1, -1, error)
+    assert calls == [
+        (0, RecordMetadata("t", 0, 10, 123, -1, -1), None),
+        (1, RecordMetadata("t", 1, -1, 7, -1, -1), None),
+        (2, None, error),
+    ]
+    assert [f.get(0) for f in futures[:2]] == [calls[0][1], calls[1][1]]
+    assert futures[2].exception(0) is error
+
+
+def test_a_raising_callback_does_not_stop_the_others() -> None:
+    accumulator = make_accumulator()
+    topic = make_topic(accumulator)
+    seen: list[int] = []
+
+    def failing(_m: Any, _e: Any) -> None:
+        raise RuntimeError("user code")
+
+    append(accumulator, topic, callback=failing)
+    append(accumulator, topic, callback=lambda m, e: seen.append(m.offset))
+    topic.queues[0].batches[0].done(3, -1, None)
+    assert seen == [4]
+
+
+def test_the_synchronous_producer_yields_the_gil_once_per_new_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr(time, "sleep", sleeps.append)
+    accumulator = make_accumulator(batch_size=1000)
+    topic = make_topic(accumulator)
+    for _ in range(20):
+        append(accumulator, topic)
+    assert sleeps == []  # the async face runs on the loop: nobody to yield to
+    before = len(topic.queues[0].batches)
+    accumulator.yield_gil = True
+    for _ in range(20):
+        append(accumulator, topic)
+    # 8 records fit a 1000-byte batch: records 1, 9, 17, 25 and 33 started one.
+    assert (before, len(topic.queues[0].batches)) == (3, 5)
+    assert sleeps == [0, 0]
+
+
+# ---------------------------------------------------------------- the async face's futures
+
+
+def async_accumulator(loop: asyncio.AbstractEventLoop) -> tuple[RecordAccumulator, TopicState]:
+    accumulator = make_accumulator()
+    accumulator.future_factory = functools.partial(AsyncFutureRecordMetadata, loop)
+    return accumulator, make_topic(accumulator, partitions=2)
+
+
+def async_append(accumulator: RecordAccumulator, topic: TopicState, partition: int = 0) -> AsyncFutureRecordMetadata:
+    future = append(accumulator, topic, partition, timestamp=5)
+    assert isinstance(future, AsyncFutureRecordMetadata)
+    return future
+
+
+def test_async_record_futures_follow_the_asyncio_future_protocol() -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        accumulator, topic = async_accumulator(loop)
+        futures = [async_append(accumulator, topic) for _ in range(3)]
+        failed = async_append(accumulator, topic, 1)
+        assert asyncio.isfuture(futures[0]) and futures[0].get_loop() is loop
+        assert not futures[0].done()
+        with pytest.raises(asyncio.InvalidStateError):
+            futures[0].result()
+        seen: list[Any] = []
+        futures[1].add_done_callback(seen.append)
+        removed: list[Any] = []
+        futures[1].add_done_callback(removed.append)
+        assert futures[1].remove_done_callback(removed.append) == 1
+        gathered = asyncio.gather(*futures)
+        waited = asyncio.ensure_future(asyncio.wait_for(failed, 5))
+        await asyncio.sleep(0)
+        error = KafkaException.from_code(ErrorCode.message_too_large, "produce")
+        topic.queues[0].batches[0].done(20, -1, None)
+        topic.queues[1].batches[0].done(-1, -1, error)
+        assert futures[0].done() and futures[0].result() == RecordMetadata("t", 0, 20, 5, -1, 100)
+        assert [m.offset for m in await gathered] == [20, 21, 22]
+        assert seen == [futures[1]] and removed == []  # callbacks get the record's future itself
+        with pytest.raises(KafkaException, match="MESSAGE_TOO_LARGE"):
+            await waited
+        assert failed.exception() is error
+        # Awaited (or asked for) after completion: answered at once.
+        assert (await futures[2]).offset == 22
+        late: list[Any] = []
+        futures[0].add_done_callback(late.append)
+        await asyncio.sleep(0)
+        assert late == [futures[0]]
+
+    asyncio.run(run())
+
+
+def test_cancelling_an_async_record_future_cancels_only_that_wait() -> None:
+    async def run() -> None:
+        accumulator, topic = async_accumulator(asyncio.get_running_loop())
+        first, second = async_append(accumulator, topic), async_append(accumulator, topic)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(first, 0.01)  # cancels `first` on timeout
+        assert first.cancelled() and first.done()
+        with pytest.raises(asyncio.CancelledError):
+            first.result()
+        waiting = asyncio.ensure_future(second)
+        await asyncio.sleep(0)
+        topic.queues[0].batches[0].done(0, -1, None)
+        assert (await waiting).offset == 1  # the batch and its other records are unaffected
+        assert not second.cancel()  # a completed record cannot be cancelled
+
+    asyncio.run(run())
+
+
+# ---------------------------------------------------------------- metadata.max.idle.ms
+
+
+def test_idle_topics_expire_unless_they_hold_records_or_are_kept() -> None:
+    accumulator = make_accumulator()
+    idle, queued, in_flight, kept = (make_topic(accumulator, name=name) for name in ("idle", "queued", "flight", "kept"))
+    busy = make_topic(accumulator, name="busy")
+    append(accumulator, queued)
+    append(accumulator, in_flight)
+    assert drain_one(accumulator) is not None  # one of the two leaves its queue; the other stays queued
+    for state in (idle, queued, in_flight, kept, busy):
+        state.last_used -= 10
+    append(accumulator, busy)  # a new batch marks the topic used
+    drained = accumulator.drain([LEADER], 1 << 20, time.monotonic() + 10)
+    assert {batch.tp.topic for batch in drained.get(LEADER, [])} <= {"queued", "flight", "busy"}
+    assert accumulator.expire_idle_topics(5.0, keep=["kept"]) == ["idle"]
+    assert idle.expired and not kept.expired
+    assert set(accumulator.topics) == {"queued", "flight", "kept", "busy"}
+    assert accumulator.expire_idle_topics(60.0) == []
+
+
+def test_an_append_to_an_expired_topic_is_refused_and_a_fresh_state_takes_records() -> None:
+    accumulator = make_accumulator()
+    topic = make_topic(accumulator)
+    topic.last_used -= 10
+    assert accumulator.expire_idle_topics(5.0) == ["t"]
+    with pytest.raises(TopicExpiredError):
+        append(accumulator, topic)
+    assert "t" not in accumulator.topics and not accumulator.incomplete
+    fresh = make_topic(accumulator)
+    assert fresh is not topic
+    append(accumulator, fresh)
+    assert len(fresh.queues[0].batches) == 1
+
+
+class FakeMetadataClient:
+    """Answers every Metadata request with one single-partition topic per name asked for."""
+
+    retry_backoff = 0.01
+
+    def __init__(self) -> None:
+        self.requests: list[list[str]] = []
+
+    async def refresh_metadata(self, topics: list[str], allow_auto_create: bool = True) -> Cluster:
+        self.requests.append(sorted(topics))
+        partition = functools.partial(PartitionMetadata, leader=LEADER, leader_epoch=0, replicas=(LEADER,))
+        return Cluster(
+            brokers={LEADER: Node(LEADER, "localhost", 9092, None)},
+            topics={
+                name: TopicMetadata(
+                    name,
+                    None,
+                    False,
+                    ErrorCode.none,
+                    {0: partition(topic=name, partition=0, isr=(LEADER,), offline_replicas=(), error=ErrorCode.none)},
+                )
+                for name in topics
+            },
+        )
+
+
+def test_the_producer_stops_asking_for_metadata_of_topics_idle_for_max_idle() -> None:
+    async def run() -> None:
+        accumulator = make_accumulator()
+        client = FakeMetadataClient()
+        metadata = ProducerMetadata(
+            client,  # type: ignore[arg-type]  # the part of NetworkClient that ProducerMetadata uses
+            accumulator,
+            max_age=300.0,
+            max_idle=5.0,
+            allow_auto_create=True,
+            on_update=lambda: None,
+        )
+        used = await metadata.wait_for_topic("used", None, 1.0)
+        idle = await metadata.wait_for_topic("idle", None, 1.0)
+        assert client.requests == [["used"], ["idle", "used"]]
+        idle.last_used -= 10
+        used.last_used -= 10
+        append(accumulator, used)  # sent to just now
+        await metadata.refresh()
+        assert client.requests[-1] == ["used"]
+        assert idle.expired and "idle" not in accumulator.topics
+        # A send to it again waits for its metadata, as for a new topic.
+        again = await metadata.wait_for_topic("idle", None, 1.0)
+        assert again is not idle and again.num_partitions == 1
+        assert client.requests[-1] == ["idle", "used"]
+
+    asyncio.run(run())

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from strom.client.cluster import TopicPartition
 from strom.client.errors import KafkaException, KafkaTimeoutError
@@ -45,10 +45,13 @@ RECORD_OVERHEAD = 21
 _MAX_SEQUENCE = 0x7FFFFFFF
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
+class RecordMetadata(NamedTuple):
     """Where a record landed. ``offset`` is -1 when unknown (acks=0, or a duplicate the broker
-    no longer has metadata for); ``timestamp`` is the broker's LogAppendTime if the topic uses it."""
+    no longer has metadata for); ``timestamp`` is the broker's LogAppendTime if the topic uses it.
+
+    A named tuple (as in kafka-python and aiokafka): one is built per record that has a
+    callback, and a tuple builds in a seventh of a frozen dataclass's time.
+    """
 
     topic: str
     partition: int
@@ -56,6 +59,10 @@ class RecordMetadata:
     timestamp: int
     serialized_key_size: int
     serialized_value_size: int
+
+
+# RecordMetadata without the keyword-argument handling of its __new__ (the completion loop's).
+_new_tuple = tuple.__new__
 
 
 _listeners_lock = threading.Lock()
@@ -162,8 +169,12 @@ class ProduceRequestResult:
         listener()
 
 
-class FutureRecordMetadata:
-    """The future of one sent record: its batch's shared result plus the record's position."""
+class RecordFuture:
+    """One sent record: its batch's shared result plus the record's position in the batch.
+
+    Nothing is done per record when the batch completes: the metadata is built when
+    asked for (``_metadata``), from the batch's base offset and the record's position.
+    """
 
     __slots__ = ("_key_size", "_relative_offset", "_result", "_timestamp", "_value_size")
 
@@ -175,6 +186,32 @@ class FutureRecordMetadata:
         self._timestamp = timestamp
         self._key_size = key_size
         self._value_size = value_size
+
+    def _error(self) -> Exception | None:
+        """The record's error once its batch completed (the part's, for a split batch)."""
+        return self._result.resolve(self._relative_offset)[0].error
+
+    def _metadata(self) -> RecordMetadata:
+        result, relative_offset = self._result.resolve(self._relative_offset)
+        tp = result.tp
+        base = result.base_offset
+        return _new_tuple(
+            RecordMetadata,
+            (
+                tp.topic,
+                tp.partition,
+                base + relative_offset if base >= 0 else -1,
+                result.log_append_time if result.log_append_time >= 0 else self._timestamp,
+                self._key_size,
+                self._value_size,
+            ),
+        )
+
+
+class FutureRecordMetadata(RecordFuture):
+    """The future of one record sent with the synchronous Producer."""
+
+    __slots__ = ()
 
     def done(self) -> bool:
         return self._result.completed
@@ -192,7 +229,7 @@ class FutureRecordMetadata:
         result = self._result
         if not result.completed and not result.wait(timeout):
             raise KafkaTimeoutError(f"record not acknowledged within {timeout} s")
-        return result.resolve(self._relative_offset)[0].error
+        return self._error()
 
     def add_callback(self, callback: Callback) -> None:
         """``callback(metadata, exception)`` once the record completed (at once if it has)."""
@@ -201,19 +238,6 @@ class FutureRecordMetadata:
     def _fire(self, callback: Callback) -> None:
         error = self.exception(0)
         callback(None if error is not None else self._metadata(), error)
-
-    def _metadata(self) -> RecordMetadata:
-        result, relative_offset = self._result.resolve(self._relative_offset)
-        tp = result.tp
-        base = result.base_offset
-        return RecordMetadata(
-            tp.topic,
-            tp.partition,
-            base + relative_offset if base >= 0 else -1,
-            result.log_append_time if result.log_append_time >= 0 else self._timestamp,
-            self._key_size,
-            self._value_size,
-        )
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
@@ -235,6 +259,7 @@ class ProducerBatch(RecordBatchBuilder):
         "last_attempt",
         "producer_epoch",
         "producer_id",
+        "record_base",
         "reserved",
         "result",
         "sequence_reset",
@@ -247,7 +272,9 @@ class ProducerBatch(RecordBatchBuilder):
         super().__init__(limit)
         self.tp = tp
         self.result = ProduceRequestResult(tp)
-        self.thunks: list[tuple[FutureRecordMetadata, Callback]] = []
+        self.thunks: list[tuple[RecordFuture, Callback]] = []
+        # Position of the first record in the batch its futures point at (a split batch's part).
+        self.record_base = 0
         self.created = self.last_attempt = now
         self.deadline = now + delivery_timeout
         self.attempts = 0
@@ -311,15 +338,35 @@ class ProducerBatch(RecordBatchBuilder):
         self.final_error = error
         result = self.result
         result.complete(base_offset, log_append_time, error)
-        for future, callback in self.thunks:
-            try:
-                if error is None:
-                    callback(future._metadata(), None)
-                else:
-                    callback(None, error)
-            except Exception:
-                log.exception("producer callback for %s raised", self.tp)
-        self.thunks = []
+        thunks = self.thunks
+        if thunks:
+            self.thunks = []
+            if error is None:
+                # RecordFuture._metadata for each record, with what they share looked up once.
+                topic, partition = self.tp.topic, self.tp.partition
+                base = base_offset - self.record_base
+                for future, callback in thunks:
+                    metadata = _new_tuple(
+                        RecordMetadata,
+                        (
+                            topic,
+                            partition,
+                            base + future._relative_offset if base_offset >= 0 else -1,
+                            log_append_time if log_append_time >= 0 else future._timestamp,
+                            future._key_size,
+                            future._value_size,
+                        ),
+                    )
+                    try:
+                        callback(metadata, None)
+                    except Exception:
+                        log.exception("producer callback for %s raised", self.tp)
+            else:
+                for _, callback in thunks:
+                    try:
+                        callback(None, error)
+                    except Exception:
+                        log.exception("producer callback for %s raised", self.tp)
         result.finish()
         return True
 
@@ -338,6 +385,10 @@ class PartitionQueue:
         self.open: ProducerBatch | None = None
 
 
+class TopicExpiredError(Exception):
+    """``append`` to a topic that metadata.max.idle.ms dropped: look it up again."""
+
+
 class TopicState:
     """One topic as the producer sees it: partitions, their leaders and queues, its partitioner.
 
@@ -345,10 +396,24 @@ class TopicState:
     (each attribute is replaced whole, never mutated in place).
     """
 
-    __slots__ = ("available", "leaders", "name", "num_partitions", "partitioner", "queues", "round_robin")
+    __slots__ = (
+        "available",
+        "expired",
+        "last_used",
+        "leaders",
+        "name",
+        "num_partitions",
+        "partitioner",
+        "queues",
+        "round_robin",
+    )
 
     def __init__(self, name: str, sticky_batch_size: int) -> None:
         self.name = name
+        # When a batch for it last started (a topic in use starts one at least every linger.ms).
+        self.last_used = time.monotonic()
+        # Dropped for being idle (metadata.max.idle.ms): a send that still holds it must look again.
+        self.expired = False
         self.num_partitions = 0
         self.leaders: list[int] = []
         self.available: list[int] = []  # partitions with a known leader
@@ -428,6 +493,12 @@ class RecordAccumulator:
         self._drain_index: dict[int, int] = {}
         self._node_latency: dict[int, _NodeLatency] = {}
         self.idempotence: IdempotenceManager | None = None  # set by the producer when enabled
+        # Set when send() runs on another thread than the I/O loop (the synchronous Producer).
+        self.yield_gil = False
+        # What append returns for a record (the async face sets its own kind of future).
+        self.future_factory: Callable[[ProduceRequestResult, int, int, int, int], RecordFuture] = (
+            FutureRecordMetadata
+        )
 
     # -- the caller's side -----------------------------------------------------------------
 
@@ -450,7 +521,7 @@ class RecordAccumulator:
         headers: Sequence[Header] | None,
         callback: Callback | None,
         max_block: float | None,
-    ) -> FutureRecordMetadata | None:
+    ) -> RecordFuture | None:
         """Append a record to its partition's open batch, starting a batch if needed.
 
         ``partition`` < 0 lets the topic's partitioner pick (keyless records). Waits up
@@ -460,6 +531,7 @@ class RecordAccumulator:
         key_size = len(key) if key is not None else -1
         value_size = len(value) if value is not None else -1
         deadline = 0.0
+        new_batch = False
         lock = self.lock
         lock.acquire()
         try:
@@ -483,7 +555,7 @@ class RecordAccumulator:
                 if batch is not None:
                     size = batch.try_append(timestamp, key, value, headers)
                     if size:
-                        future = FutureRecordMetadata(
+                        future = self.future_factory(
                             batch.result, batch.record_count - 1, timestamp, key_size, value_size
                         )
                         if callback is not None:
@@ -501,6 +573,9 @@ class RecordAccumulator:
                                 )
                         return future
                     queue.open = None  # no room: it is full, and a new batch follows
+                if topic.expired:
+                    # An expired topic has no open batch, so every append to it comes here.
+                    raise TopicExpiredError(topic.name)
                 need = HEADER_SIZE + RECORD_OVERHEAD + max(key_size, 0) + max(value_size, 0)
                 if headers:
                     need += sum(len(k) + len(v or b"") + 10 for k, v in headers)
@@ -509,6 +584,7 @@ class RecordAccumulator:
                     self._reclaim()
                 if self.available_memory >= need:
                     self.available_memory -= need
+                    new_batch = True
                     return self._new_batch(
                         topic, queue, sticky, need, timestamp, key, value, headers, callback, key_size, value_size
                     )
@@ -534,6 +610,12 @@ class RecordAccumulator:
                     self._memory_waiters -= 1
         finally:
             lock.release()
+            if new_batch and self.yield_gil:
+                # The previous batch is full (or a first one lingers): let the I/O thread take
+                # the GIL now if it waits for it, to send it or to handle a response. A sending
+                # thread would otherwise keep the GIL for sys.getswitchinterval() (5 ms) at a
+                # time, and the I/O thread needs it for each of its callbacks.
+                time.sleep(0)
 
     def _new_batch(
         self,
@@ -548,11 +630,13 @@ class RecordAccumulator:
         callback: Callback | None,
         key_size: int,
         value_size: int,
-    ) -> FutureRecordMetadata:
+    ) -> RecordFuture:
         # Called with the lock held.
-        batch = ProducerBatch(queue.tp, self.batch_size, time.monotonic(), self.delivery_timeout, reserved)
+        now = time.monotonic()
+        topic.last_used = now
+        batch = ProducerBatch(queue.tp, self.batch_size, now, self.delivery_timeout, reserved)
         size = batch.try_append(timestamp, key, value, headers)
-        future = FutureRecordMetadata(batch.result, 0, timestamp, key_size, value_size)
+        future = self.future_factory(batch.result, 0, timestamp, key_size, value_size)
         if callback is not None:
             batch.thunks.append((future, callback))
         self.incomplete[batch] = reserved
@@ -605,6 +689,34 @@ class RecordAccumulator:
         finally:
             with self.lock:
                 self._memory_waiters -= 1
+
+    def expire_idle_topics(self, max_idle: float, keep: Iterable[str] = ()) -> list[str]:
+        """Drop the topics no batch started for in ``max_idle`` seconds (metadata.max.idle.ms),
+        unless they have records queued or in flight or are in ``keep``; returns their names.
+
+        Under the lock, so that an append either started its batch first (and the topic
+        stays) or finds the topic expired (and the producer looks it up again).
+        """
+        cutoff = time.monotonic() - max_idle
+        kept = set(keep)
+        expired: list[str] = []
+        with self.lock:
+            idle = [
+                state
+                for state in self.topics.values()
+                if state.last_used < cutoff
+                and state.name not in kept
+                and not any(queue.batches or queue.open is not None for queue in state.queues)
+            ]
+            if not idle:
+                return expired
+            busy = {batch.tp.topic for batch in self.incomplete}
+            for state in idle:
+                if state.name not in busy:
+                    state.expired = True
+                    del self.topics[state.name]
+                    expired.append(state.name)
+        return expired
 
     def begin_flush(self) -> list[ProduceRequestResult]:
         """Make every batch ready; return the results to wait for (what is incomplete now)."""
@@ -785,11 +897,12 @@ class RecordAccumulator:
             part = parts[-1] if parts else None
             if part is None or not part.try_append(record.timestamp, record.key, record.value, record.headers):
                 part = ProducerBatch(batch.tp, limit, batch.created, self.delivery_timeout, 0)
+                part.record_base = batch.record_base + index
                 part.try_append(record.timestamp, record.key, record.value, record.headers)
                 parts.append(part)
                 starts.append(index)
         for future, callback in batch.thunks:
-            position = bisect.bisect_right(starts, future._relative_offset) - 1
+            position = bisect.bisect_right(starts, future._relative_offset - batch.record_base) - 1
             parts[position].thunks.append((future, callback))
         batch.thunks = []
         batch.is_done = True  # a late response for the big batch is ignored

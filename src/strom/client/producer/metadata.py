@@ -3,7 +3,8 @@
 Like the Java producer, it fetches metadata only for topics it was asked to send to
 (auto-creating them when the broker allows), refreshes on request (leader errors,
 lost connections) no more often than ``retry.backoff.ms``, and in any case every
-``metadata.max.age.ms``.
+``metadata.max.age.ms``. A topic not sent to for ``metadata.max.idle.ms`` drops out
+(its next send waits for its metadata again, as a new topic's first one does).
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ class ProducerMetadata:
         accumulator: RecordAccumulator,
         *,
         max_age: float,
+        max_idle: float,
         allow_auto_create: bool,
         on_update: Callable[[], None],
     ) -> None:
         self.client = client
         self.accumulator = accumulator
         self.max_age = max_age
+        self.max_idle = max_idle
         self.allow_auto_create = allow_auto_create
         self._on_update = on_update
         self._requested = asyncio.Event()
@@ -89,6 +92,9 @@ class ProducerMetadata:
             await self.client.backoff(self._failures)
 
     async def refresh(self) -> Cluster | None:
+        expired = self.accumulator.expire_idle_topics(self.max_idle, keep=+self._waiting)
+        if expired:
+            log.debug("metadata.max.idle.ms: no longer asking for %s", ", ".join(expired))
         topics = list(self.accumulator.topics)
         if not topics:
             return None

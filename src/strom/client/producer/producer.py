@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -27,7 +28,9 @@ from strom.client.producer.accumulator import (
     FutureRecordMetadata,
     ProduceRequestResult,
     RecordAccumulator,
+    RecordFuture,
     RecordMetadata,
+    TopicExpiredError,
     TopicState,
 )
 from strom.client.producer.idempotence import IdempotenceManager
@@ -159,6 +162,7 @@ class _ProducerCore:
             client,
             self.accumulator,
             max_age=settings["metadata.max.age.ms"] / 1000,
+            max_idle=settings["metadata.max.idle.ms"] / 1000,
             allow_auto_create=settings["allow.auto.create.topics"],
             on_update=sender.wakeup,
         )
@@ -246,6 +250,7 @@ class Producer:
                 loop.call_soon_threadsafe(sender.wakeup)
 
         self._accumulator.wakeup = wakeup
+        self._accumulator.yield_gil = True
 
     @property
     def config(self) -> dict[str, Any]:
@@ -275,6 +280,7 @@ class Producer:
             key = _to_bytes(key, "key")
         checked_headers = _check_headers(headers) if headers else None
         max_block = self._max_block
+        requested_partition = partition
         state = self._accumulator.topics.get(topic)
         if state is None or not state.num_partitions or (partition is not None and partition >= state.num_partitions):
             started = time.monotonic()
@@ -288,11 +294,23 @@ class Producer:
             self._core.check_record_size(key, value, checked_headers)
         if timestamp is None:
             timestamp = time.time_ns() // 1_000_000
-        future = self._accumulator.append(
-            state, partition, timestamp, key, value, checked_headers, callback, max_block
-        )
+        try:
+            future = self._accumulator.append(
+                state, partition, timestamp, key, value, checked_headers, callback, max_block
+            )
+        except TopicExpiredError:
+            # Idle for metadata.max.idle.ms just now: its metadata is fetched again first.
+            return self.send(
+                topic,
+                value,
+                key,
+                partition=requested_partition,
+                timestamp=timestamp,
+                headers=checked_headers,
+                callback=callback,
+            )
         assert future is not None  # with a max_block, append waits rather than returning None
-        return future
+        return future  # type: ignore[return-value]  # the accumulator's future_factory
 
     def _wait_on_metadata(self, topic: str, partition: int | None) -> TopicState:
         if self._closed:
@@ -358,23 +376,133 @@ class Producer:
         self.close()
 
 
-class _AsyncDelivery:
-    """A record's asyncio future (and user callback), completed by its batch on the loop."""
+class AsyncFutureRecordMetadata(RecordFuture):
+    """The asyncio future of one record sent with AsyncProducer.
 
-    __slots__ = ("callback", "future")
+    It follows asyncio's Future protocol (``asyncio.isfuture`` is true: await it, pass it to
+    ``gather``, ``wait``, ``wait_for`` or ``shield``; ``done``, ``result``, ``exception``,
+    ``add_done_callback``, ``cancel``), but it is a view of the record's batch: a loop future
+    stands behind it only once something waits on it or cancels it. Records nobody waits for
+    cost nothing when their batch completes (most of a fast producer's records).
+    Cancelling it does not unsend the record.
+    """
 
-    def __init__(self, future: asyncio.Future[RecordMetadata], callback: Callback | None) -> None:
-        self.future = future
-        self.callback = callback
+    __slots__ = ("_future", "_loop")
 
-    def __call__(self, metadata: RecordMetadata | None, error: Exception | None) -> None:
-        if not self.future.done():
-            if error is not None:
-                self.future.set_exception(error)
+    # What asyncio.isfuture() looks for (asyncio's duck-typed Future protocol).
+    _asyncio_future_blocking = False
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        result: ProduceRequestResult,
+        relative_offset: int,
+        timestamp: int,
+        key_size: int,
+        value_size: int,
+    ) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[RecordMetadata] | None = None
+        self._result = result
+        self._relative_offset = relative_offset
+        self._timestamp = timestamp
+        self._key_size = key_size
+        self._value_size = value_size
+
+    def _waiter(self) -> asyncio.Future[RecordMetadata]:
+        """The loop future behind this one, completed when the batch finishes (created once)."""
+        future = self._future
+        if future is None:
+            future = self._future = self._loop.create_future()
+            if self._result.finished:
+                self._settle()
             else:
-                self.future.set_result(metadata)  # type: ignore[arg-type]
-        if self.callback is not None:
-            self.callback(metadata, error)
+                self._result.add_listener(self._settle)
+        return future
+
+    def _settle(self) -> None:
+        # On the loop, where batches complete.
+        future = self._future
+        if future is not None and not future.done():
+            error = self._error()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(self._metadata())
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def done(self) -> bool:
+        return self._result.completed or (self._future is not None and self._future.done())
+
+    def cancelled(self) -> bool:
+        return self._future is not None and self._future.cancelled()
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self._result.completed:
+            return False
+        return self._waiter().cancel(msg)
+
+    def result(self) -> RecordMetadata:
+        """The record's metadata; raises its error, or InvalidStateError before it completed."""
+        future = self._future
+        if future is not None and future.done():
+            return future.result()  # raises CancelledError if it was cancelled
+        if not self._result.completed:
+            raise asyncio.InvalidStateError("Result is not set.")
+        error = self._error()
+        if error is not None:
+            raise error
+        return self._metadata()
+
+    def exception(self) -> BaseException | None:
+        future = self._future
+        if future is not None and future.done():
+            return future.exception()  # raises CancelledError if it was cancelled
+        if not self._result.completed:
+            raise asyncio.InvalidStateError("Exception is not set.")
+        return self._error()
+
+    def add_done_callback(self, fn: Callable[[Any], object], *, context: Any = None) -> None:
+        """``fn(this future)`` on the loop once the record completed."""
+        self._waiter().add_done_callback(_Relay(fn, self), context=context)
+
+    def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
+        if self._future is None:
+            return 0
+        return self._future.remove_done_callback(fn)
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        if not self._result.completed:
+            yield from self._waiter()
+        return self.result()
+
+    __iter__ = __await__
+
+    def __repr__(self) -> str:
+        state = "cancelled" if self.cancelled() else "done" if self.done() else "pending"
+        return f"<AsyncFutureRecordMetadata {self._result.tp} +{self._relative_offset} {state}>"
+
+
+class _Relay:
+    """A done callback of the loop future behind an AsyncFutureRecordMetadata, handing the
+    latter to ``fn``; equal to ``fn``, so that ``remove_done_callback(fn)`` finds it."""
+
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: Callable[[Any], object], future: AsyncFutureRecordMetadata) -> None:
+        self.fn = fn
+        self.future = future
+
+    def __call__(self, _inner: asyncio.Future[RecordMetadata]) -> None:
+        self.fn(self.future)
+
+    def __eq__(self, other: object) -> bool:
+        return self.fn == (other.fn if isinstance(other, _Relay) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
 
 
 class AsyncProducer:
@@ -394,7 +522,8 @@ class AsyncProducer:
         assert sender is not None
         self._accumulator.wakeup = sender.wakeup
         self._accumulator.space_listener = self._space.set
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
+        self._accumulator.future_factory = functools.partial(AsyncFutureRecordMetadata, loop)
 
     async def send(
         self,
@@ -406,10 +535,13 @@ class AsyncProducer:
         timestamp: int | None = None,
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
         callback: Callback | None = None,
-    ) -> asyncio.Future[RecordMetadata]:
-        """Queue a record (awaiting metadata or buffer space up to max.block.ms); returns its future."""
-        loop = self._loop
-        if loop is None:
+    ) -> AsyncFutureRecordMetadata:
+        """Queue a record (awaiting metadata or buffer space up to max.block.ms); returns its future.
+
+        ``callback(metadata, exception)`` runs on the loop once the record is acknowledged
+        or failed, in send order per partition.
+        """
+        if self._loop is None:
             raise KafkaException("the producer is not started: await start() first")
         core = self._core
         accumulator = self._accumulator
@@ -419,6 +551,7 @@ class AsyncProducer:
             key = _to_bytes(key, "key")
         checked_headers = _check_headers(headers) if headers else None
         started = time.monotonic()
+        requested_partition = partition
         state = accumulator.topics.get(topic)
         if state is None or not state.num_partitions or (partition is not None and partition >= state.num_partitions):
             if core.closed:
@@ -432,15 +565,27 @@ class AsyncProducer:
             core.check_record_size(key, value, checked_headers)
         if timestamp is None:
             timestamp = time.time_ns() // 1_000_000
-        future: asyncio.Future[RecordMetadata] = loop.create_future()
-        delivery = _AsyncDelivery(future, callback)
         sender_was_woken = accumulator.wakeup_pending
-        while accumulator.append(state, partition, timestamp, key, value, checked_headers, delivery, None) is None:
-            await accumulator.wait_for_space(started + core.max_block, self._space)
+        try:
+            while (
+                future := accumulator.append(state, partition, timestamp, key, value, checked_headers, callback, None)
+            ) is None:
+                await accumulator.wait_for_space(started + core.max_block, self._space)
+        except TopicExpiredError:
+            # Idle for metadata.max.idle.ms just now: its metadata is fetched again first.
+            return await self.send(
+                topic,
+                value,
+                key,
+                partition=requested_partition,
+                timestamp=timestamp,
+                headers=checked_headers,
+                callback=callback,
+            )
         if not sender_was_woken and accumulator.wakeup_pending:
             # A batch started (or filled): let the sender, on this same loop, take its turn.
             await asyncio.sleep(0)
-        return future
+        return future  # type: ignore[return-value]  # the accumulator's future_factory
 
     async def send_and_wait(
         self,
