@@ -268,3 +268,21 @@ class TansuProcess(BrokerProcess):
             "--storage-engine",
             "memory://tansu/",
         ]
+
+
+class Freezer:
+    """SIGSTOP and SIGCONT for a broker: its connections stay open and nothing answers."""
+
+    def __init__(self, broker: BrokerProcess) -> None:
+        self.broker = broker
+        self.frozen: int | None = None
+
+    def freeze(self) -> None:
+        assert self.broker.pid is not None
+        os.kill(self.broker.pid, signal.SIGSTOP)
+        self.frozen = self.broker.pid
+
+    def thaw(self) -> None:
+        if self.frozen is not None:
+            os.kill(self.frozen, signal.SIGCONT)
+            self.frozen = None

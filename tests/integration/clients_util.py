@@ -29,7 +29,9 @@ from confluent_kafka.cimpl import NewTopic
 from kio.schema.errors import ErrorCode
 
 from kafka_wire import KafkaWire
+from strom.client.consumer import Consumer as StromConsumer
 from strom.records.codec import RecordBatch, decode_batches
+from strom.records.reader import ConsumerRecord
 
 Client = Literal["confluent", "kafka-python", "aiokafka", "kcat"]
 CLIENTS: tuple[Client, ...] = ("confluent", "kafka-python", "aiokafka", "kcat")
@@ -692,3 +694,26 @@ async def _aiokafka_tail(
         return early + await poll_aiokafka(consumer, count - len(early), 15)
     finally:
         await consumer.stop()
+
+
+# -- Strom's own consumer ---------------------------------------------------------------------
+
+
+def read(consumer: StromConsumer, count: int, timeout: float = 15.0) -> list[ConsumerRecord]:
+    """Poll a Strom consumer until ``count`` records arrived (more may come with the last poll)."""
+    got: list[ConsumerRecord] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"read {len(got)} of {count} records within {timeout}s"
+        got += consumer.poll(0.2)
+    return got
+
+
+def poll_until(
+    consumer: StromConsumer, condition: Callable[[], bool], what: str, timeout: float = 15.0
+) -> None:
+    """Poll a Strom consumer until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        consumer.poll(0.1)

@@ -7,8 +7,6 @@ consumers, records from confluent-kafka's producer."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import threading
 import time
 import uuid
@@ -19,7 +17,7 @@ from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import Producer as CKProducer
 from confluent_kafka import TopicPartition as CKPartition
 
-from brokerproc import HOST, BrokerProcess, free_port
+from brokerproc import HOST, BrokerProcess, Freezer, free_port
 from strom.client.admin import (
     AdminClient,
     AlterConfigOp,
@@ -464,24 +462,6 @@ def test_calls_over_several_items_apply_what_they_can(admin: AdminClient, bootst
     assert code_of(no_group) == ErrorCode.group_id_not_found and missing in str(no_group.value)
     assert admin.list_consumer_group_offsets(empty_group) == {}  # deleted all the same
     assert admin.list_consumer_group_offsets(missing) == {}
-
-
-class Freezer:
-    """SIGSTOP and SIGCONT for the module's broker: connections stay open and nothing answers."""
-
-    def __init__(self, broker: BrokerProcess) -> None:
-        self.broker = broker
-        self.frozen: int | None = None
-
-    def freeze(self) -> None:
-        assert self.broker.pid is not None
-        os.kill(self.broker.pid, signal.SIGSTOP)
-        self.frozen = self.broker.pid
-
-    def thaw(self) -> None:
-        if self.frozen is not None:
-            os.kill(self.frozen, signal.SIGCONT)
-            self.frozen = None
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import kafka
@@ -35,8 +35,10 @@ from integration.clients_util import (
     Message,
     create_topic,
     now_ms,
+    poll_until,
     produce,
     produce_confluent,
+    read,
     stored_records,
 )
 from strom.client.cluster import TopicPartition
@@ -99,25 +101,6 @@ def open_consumers() -> Iterator[list[Consumer]]:
     yield consumers
     for consumer in consumers:
         consumer.close(timeout=5)
-
-
-def read(consumer: Consumer, count: int, timeout: float = TIMEOUT) -> list[ConsumerRecord]:
-    """Poll until ``count`` records arrived (more may come with the last poll)."""
-    got: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < count:
-        assert time.monotonic() < deadline, f"read {len(got)} of {count} records within {timeout}s"
-        got += consumer.poll(0.2)
-    return got
-
-
-def poll_until(
-    consumer: Consumer, condition: Callable[[], bool], what: str, timeout: float = TIMEOUT
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        consumer.poll(0.1)
 
 
 def as_consumed(records: Sequence[ConsumerRecord]) -> list[Consumed]:

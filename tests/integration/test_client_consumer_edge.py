@@ -20,18 +20,16 @@ and when the broker stops answering or restarts.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
 import pytest
 
-from brokerproc import BrokerProcess
-from integration.clients_util import Message, create_topic, produce_confluent
+from brokerproc import BrokerProcess, Freezer
+from integration.clients_util import Message, create_topic, poll_until, produce_confluent, read
 from strom.client.admin import AdminClient, NewPartitions
 from strom.client.cluster import TopicPartition
 from strom.client.consumer import (
@@ -91,24 +89,6 @@ def consumers() -> Iterator[list[Consumer]]:
 def admin(bootstrap: str) -> Iterator[AdminClient]:
     with AdminClient({"bootstrap.servers": bootstrap, "default.api.timeout.ms": 10_000}) as client:
         yield client
-
-
-def read(consumer: Consumer, count: int, timeout: float = TIMEOUT) -> list[ConsumerRecord]:
-    got: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < count:
-        assert time.monotonic() < deadline, f"read {len(got)} of {count} records within {timeout}s"
-        got += consumer.poll(0.2)
-    return got
-
-
-def poll_until(
-    consumer: Consumer, condition: Callable[[], bool], what: str, timeout: float = TIMEOUT
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        consumer.poll(0.1)
 
 
 # ---------------------------------------------------------------- fetching
@@ -545,24 +525,6 @@ def test_a_second_static_member_with_the_same_instance_id_fences_the_first(
 
 
 # ---------------------------------------------------------------- an unresponsive or restarted broker
-
-
-class Freezer:
-    """SIGSTOP and SIGCONT for the module's broker: connections stay open and nothing answers."""
-
-    def __init__(self, broker: BrokerProcess) -> None:
-        self.broker = broker
-        self.frozen: int | None = None
-
-    def freeze(self) -> None:
-        assert self.broker.pid is not None
-        os.kill(self.broker.pid, signal.SIGSTOP)
-        self.frozen = self.broker.pid
-
-    def thaw(self) -> None:
-        if self.frozen is not None:
-            os.kill(self.frozen, signal.SIGCONT)
-            self.frozen = None
 
 
 @pytest.fixture
