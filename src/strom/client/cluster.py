@@ -55,10 +55,6 @@ class Cluster:
             return []
         return [metadata.partitions[p] for p in sorted(metadata.partitions)]
 
-    def available_partitions(self, topic: str) -> list[int]:
-        """Partitions with a leader the client knows, in order."""
-        return [p.partition for p in self.partitions_for(topic) if p.leader in self.brokers]
-
     def leader(self, tp: TopicPartition) -> Node | None:
         metadata = self.topics.get(tp.topic)
         if metadata is None:
@@ -67,11 +63,6 @@ class Cluster:
         if partition is None or partition.leader < 0:
             return None
         return self.brokers.get(partition.leader)
-
-    def leader_epoch(self, tp: TopicPartition) -> int:
-        metadata = self.topics.get(tp.topic)
-        partition = metadata.partitions.get(tp.partition) if metadata else None
-        return partition.leader_epoch if partition else -1
 
     def update(self, response: Any, requested_topics: list[str] | None) -> None:
         """Merge a Metadata response (any version). A full request replaces the topic list."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import uvloop
@@ -34,9 +34,6 @@ class EventLoopThread:
             coroutine.close()
             raise RuntimeError("a synchronous client call from inside its own callback would deadlock")
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
-        self.loop.call_soon_threadsafe(callback, *args)
 
     @property
     def is_current(self) -> bool:

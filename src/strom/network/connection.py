@@ -146,10 +146,6 @@ class BrokerConnection(asyncio.BufferedProtocol):
             )
         return version
 
-    def supports(self, api_key: int, version: int) -> bool:
-        broker = self.api_versions.get(api_key)
-        return broker is not None and version in broker
-
     # -- requests --------------------------------------------------------------------------
 
     async def send(self, request: Any, *, timeout: float | None = None) -> Any:

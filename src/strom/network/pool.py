@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from strom.network.connection import BrokerConnection, KafkaConnectionError
 
@@ -51,7 +51,6 @@ class _NodeState:
     connecting: asyncio.Task[BrokerConnection] | None = None
     failures: int = 0
     next_attempt: float = 0.0
-    last_error: Exception | None = field(default=None)
 
 
 class ConnectionPool:
@@ -86,9 +85,6 @@ class ConnectionPool:
     def node(self, node_id: int) -> Node | None:
         state = self._nodes.get(node_id)
         return state.node if state else None
-
-    def nodes(self) -> list[Node]:
-        return [state.node for state in self._nodes.values()]
 
     def connected(self, node_id: int) -> BrokerConnection | None:
         state = self._nodes.get(node_id)
@@ -138,9 +134,8 @@ class ConnectionPool:
                     timeout=self._connect_timeout,
                     software_version=self._software_version,
                 )
-            except KafkaConnectionError as exc:
+            except KafkaConnectionError:
                 state.failures += 1
-                state.last_error = exc
                 backoff = min(self._backoff * 2 ** (state.failures - 1), self._backoff_max)
                 state.next_attempt = time.monotonic() + backoff * random.uniform(0.8, 1.2)
                 raise
