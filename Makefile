@@ -10,7 +10,7 @@ APT_PACKAGES := kcat
 
 $(INSTALLED): pyproject.toml
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,spark]'
 	touch $@
 
 run: $(INSTALLED)
@@ -32,7 +32,7 @@ test: $(INSTALLED) system-deps lint
 	$(VENV)/bin/pytest -q -ra
 
 bench: $(INSTALLED)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,bench]'  # py-spy profiles the clients
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,spark,bench]'  # py-spy profiles the clients
 	bash bench/setup.sh
 	$(PYTHON) bench/broker_bench.py --write-results
 	$(PYTHON) bench/idle_connections.py --write-results

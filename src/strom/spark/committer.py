@@ -1,0 +1,198 @@
+"""Commits each finished micro-batch's end offsets to a consumer group, from the driver.
+
+Spark's Kafka connector never commits, so ``kafka-consumer-groups`` cannot show a
+query's lag. Strom commits after every micro-batch so ``strom groups describe`` can. The
+source's own ``commit(end)`` is no help: Spark calls it only when it plans the next batch
+(late), and never after an availableNow query's last batch. A StreamingQueryListener
+sees every finished batch's progress, with each source's end offsets, instead.
+
+A progress event names its sources only by their description, so the committer looks
+up each query's strom sources (their options and checkpoint paths) in the query's
+logical plan through the JVM gateway. It records the query's handle when the query
+starts (``track`` does the same at once, for a caller that cannot wait for the event),
+because a query that finishes fast is gone from ``spark.streams`` before its last
+progress event is delivered. Events arrive in order on the listener bus, so once a
+query's termination event is handled its last batch has been committed
+(``wait_for``).
+
+The group is ``kafka.group.id`` if the source has one, else ``<groupIdPrefix>-<query
+name>``, else ``<groupIdPrefix>-<hash of the checkpoint location>``: stable across
+restarts of the same query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+    StreamingQueryListener,
+)
+from pyspark.sql.streaming.query import StreamingQuery
+
+from strom.client.admin import AdminClient
+from strom.client.consumer import OffsetAndMetadata
+from strom.spark.offsets import from_json_dict
+from strom.spark.options import SourceOptions, parse_source_options
+from strom.spark.source import SOURCE_NAME
+
+log = logging.getLogger("strom.spark")
+
+
+@dataclass(frozen=True)
+class _StromSource:
+    options: SourceOptions
+    group_id: str
+
+
+class OffsetCommitter(StreamingQueryListener):
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+        self._lock = threading.Lock()
+        self._queries: dict[str, Any] = {}  # runId -> the JVM StreamExecution
+        self._sources: dict[str, dict[str, _StromSource]] = {}  # runId -> source description -> source
+        self._terminated: dict[str, threading.Event] = {}
+        self._committed: dict[tuple[str, str], str] = {}  # (runId, description) -> last end offset committed
+        self._admins: dict[tuple[tuple[str, str], ...], AdminClient] = {}
+
+    # -- the caller's side ----------------------------------------------------------------------
+
+    def track(self, query: StreamingQuery) -> None:
+        """Remember a just-started query's handle now rather than when its start event arrives."""
+        self._remember(str(query.runId), query._jsq.streamingQuery())
+
+    def wait_for(self, query: StreamingQuery, timeout: float = 30.0) -> bool:
+        """After the query stopped: wait until its last batch's offsets are committed."""
+        return self._event(str(query.runId)).wait(timeout)
+
+    def committed_groups(self, query: StreamingQuery) -> list[str]:
+        """The consumer groups the query's strom sources commit to."""
+        with self._lock:
+            sources = self._sources.get(str(query.runId), {})
+            return sorted({source.group_id for source in sources.values()})
+
+    def close(self) -> None:
+        with self._lock:
+            admins = list(self._admins.values())
+            self._admins.clear()
+        for admin in admins:
+            admin.close()
+
+    # -- listener events (the listener bus thread, in order) ------------------------------------
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:
+        run_id = str(event.runId)
+        self._event(run_id)
+        jquery = self._spark._jsparkSession.streams().get(str(event.id))
+        if jquery is not None:
+            self._remember(run_id, jquery.streamingQuery())
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:
+        progress = event.progress
+        run_id = str(progress.runId)
+        try:
+            sources = self._strom_sources(run_id, progress.name)
+        except Exception:  # the JVM gateway failing must not take the listener bus down
+            log.warning("cannot inspect the sources of query %s", progress.name or progress.id, exc_info=True)
+            return
+        for source_progress in progress.sources:
+            source = sources.get(source_progress.description)
+            end = source_progress.endOffset
+            if source is None or not end or self._committed.get((run_id, source_progress.description)) == end:
+                continue
+            try:
+                self._commit(source, end)
+            except Exception as error:
+                log.warning(
+                    "could not commit offsets of query %s to group %s: %s",
+                    progress.name or progress.id,
+                    source.group_id,
+                    error,
+                )
+            else:
+                self._committed[(run_id, source_progress.description)] = end
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:
+        pass
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
+        run_id = str(event.runId)
+        with self._lock:
+            self._queries.pop(run_id, None)
+            self._sources.pop(run_id, None)
+            for key in [key for key in self._committed if key[0] == run_id]:
+                del self._committed[key]
+        self._event(run_id).set()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _event(self, run_id: str) -> threading.Event:
+        with self._lock:
+            return self._terminated.setdefault(run_id, threading.Event())
+
+    def _remember(self, run_id: str, execution: Any) -> None:
+        with self._lock:
+            self._queries.setdefault(run_id, execution)
+
+    def _strom_sources(self, run_id: str, query_name: str | None) -> dict[str, _StromSource]:
+        with self._lock:
+            known = self._sources.get(run_id)
+            execution = self._queries.get(run_id)
+        if known is not None:
+            return known
+        if execution is None:
+            log.warning("query %s ended before its sources could be inspected; offsets not committed", query_name)
+            return {}
+        checkpoint = str(execution.resolvedCheckpointRoot())
+        found: dict[str, _StromSource] = {}
+        leaves = execution.logicalPlan().collectLeaves().iterator()
+        while leaves.hasNext():
+            leaf = leaves.next()
+            if not leaf.getClass().getSimpleName().startswith("StreamingDataSourceV2"):
+                continue
+            relation = leaf.relation() if hasattr(leaf, "relation") else leaf
+            if str(relation.name()) != SOURCE_NAME:
+                continue
+            options = _java_map(relation.options().asCaseSensitiveMap())
+            parsed = parse_source_options(options, streaming=True)
+            group_id = parsed.group_id or _default_group(parsed.group_id_prefix, query_name, checkpoint)
+            found[str(leaf.stream().toString())] = _StromSource(parsed, group_id)
+        with self._lock:
+            self._sources[run_id] = found
+        return found
+
+    def _commit(self, source: _StromSource, end_offset: str) -> None:
+        offsets = from_json_dict(json.loads(end_offset), "end offset")
+        config = source.options.client_config("admin")
+        key = tuple(sorted(config.items()))
+        with self._lock:
+            admin = self._admins.get(key)
+            if admin is None:
+                admin = self._admins[key] = AdminClient(config)
+        admin.alter_consumer_group_offsets(
+            source.group_id, {tp: OffsetAndMetadata(offset) for tp, offset in offsets.items()}
+        )
+
+
+def _default_group(prefix: str, query_name: str | None, checkpoint: str) -> str:
+    if query_name:
+        return f"{prefix}-{query_name}"
+    return f"{prefix}-{hashlib.sha256(checkpoint.encode()).hexdigest()[:16]}"
+
+
+def _java_map(jmap: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    entries = jmap.entrySet().iterator()
+    while entries.hasNext():
+        entry = entries.next()
+        out[str(entry.getKey())] = str(entry.getValue())
+    return out

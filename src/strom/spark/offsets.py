@@ -1,0 +1,129 @@
+"""Source offsets as Spark checkpoints them, and the starting/ending offset specs of the options.
+
+A source offset is one position per topic partition, serialized as Spark's Kafka
+connector does: ``{"topic": {"0": 42, "1": 17}}``. Spark compares serialized offsets as
+strings to tell whether new data arrived, so the JSON must have one key order for equal
+offsets: topics sorted by name, partitions by number (JSON object keys are strings, so
+they come back from a checkpoint as "0", "1", ...).
+
+The specs mirror the connector's options: ``earliest``, ``latest``, per-partition JSON
+where -2 means earliest and -1 latest, and timestamps (one for every partition, or per
+partition), resolved to offsets by the broker's ListOffsets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from strom.client.cluster import TopicPartition
+
+EARLIEST = -2
+LATEST = -1
+
+PartitionOffsets = dict[TopicPartition, int]
+
+
+class OffsetsFormatError(ValueError):
+    """An offsets option or checkpointed offset that is not ``{"topic": {"partition": n}}``."""
+
+
+def to_json_dict(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+    """The checkpoint form, in the stable key order."""
+    out: dict[str, dict[str, int]] = {}
+    for tp in sorted(offsets, key=lambda tp: (tp.topic, tp.partition)):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = offsets[tp]
+    return out
+
+
+def from_json_dict(value: Any, what: str = "offsets") -> PartitionOffsets:
+    """Parse ``{"topic": {"partition": n}}`` (a dict, or its JSON text)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise OffsetsFormatError(f"{what} is not JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise OffsetsFormatError(f'{what} must be a JSON object like {{"topic": {{"0": 23}}}}, got {value!r}')
+    out: PartitionOffsets = {}
+    for topic, partitions in value.items():
+        if not isinstance(partitions, dict):
+            raise OffsetsFormatError(f'{what} for topic {topic!r} must be an object like {{"0": 23}}')
+        for partition, offset in partitions.items():
+            try:
+                number = int(partition)
+            except ValueError as error:
+                raise OffsetsFormatError(f"{what}: {partition!r} of topic {topic!r} is not a partition") from error
+            if isinstance(offset, bool) or not isinstance(offset, int):
+                raise OffsetsFormatError(f"{what}: offset {offset!r} of {topic}-{number} is not an integer")
+            out[TopicPartition(topic, number)] = offset
+    return out
+
+
+def assignment_from_json(text: str) -> list[TopicPartition]:
+    """The ``assign`` option: ``{"topicA": [0, 1], "topicB": [2]}``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise OffsetsFormatError(f'option "assign" is not JSON: {error}') from error
+    if not isinstance(value, dict) or not all(
+        isinstance(parts, list) and all(isinstance(p, int) and not isinstance(p, bool) for p in parts)
+        for parts in value.values()
+    ):
+        raise OffsetsFormatError(f'option "assign" must be like {{"topicA": [0, 1], "topicB": [2]}}, got {text!r}')
+    return sorted(
+        {TopicPartition(topic, p) for topic, parts in value.items() for p in parts},
+        key=lambda tp: (tp.topic, tp.partition),
+    )
+
+
+@dataclass(frozen=True)
+class OffsetRangeLimit:
+    """Where a query starts or a batch read ends.
+
+    ``kind`` is "earliest", "latest", "offsets" (``offsets`` per partition, -2/-1 for
+    earliest/latest), "timestamps" (``timestamps`` per partition, in ms) or "timestamp"
+    (``timestamp`` for every partition). ``strategy`` says what a timestamp with no
+    offset at or after it resolves to: "error" fails, "latest" takes the end offset.
+    """
+
+    kind: str
+    offsets: tuple[tuple[TopicPartition, int], ...] = ()
+    timestamps: tuple[tuple[TopicPartition, int], ...] = ()
+    timestamp: int = 0
+    strategy: str = "error"
+
+    @classmethod
+    def earliest(cls) -> OffsetRangeLimit:
+        return cls("earliest")
+
+    @classmethod
+    def latest(cls) -> OffsetRangeLimit:
+        return cls("latest")
+
+    @classmethod
+    def specific(cls, offsets: Mapping[TopicPartition, int]) -> OffsetRangeLimit:
+        return cls("offsets", offsets=_sorted_items(offsets))
+
+    @classmethod
+    def by_timestamp(cls, timestamps: Mapping[TopicPartition, int], strategy: str) -> OffsetRangeLimit:
+        return cls("timestamps", timestamps=_sorted_items(timestamps), strategy=strategy)
+
+    @classmethod
+    def global_timestamp(cls, timestamp: int, strategy: str) -> OffsetRangeLimit:
+        return cls("timestamp", timestamp=timestamp, strategy=strategy)
+
+    def describe(self) -> str:
+        if self.kind in ("earliest", "latest"):
+            return self.kind
+        if self.kind == "offsets":
+            return json.dumps(to_json_dict(dict(self.offsets)))
+        if self.kind == "timestamps":
+            return "timestamps " + json.dumps(to_json_dict(dict(self.timestamps)))
+        return f"timestamp {self.timestamp}"
+
+
+def _sorted_items(values: Mapping[TopicPartition, int]) -> tuple[tuple[TopicPartition, int], ...]:
+    return tuple(sorted(values.items(), key=lambda item: (item[0].topic, item[0].partition)))
