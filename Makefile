@@ -3,17 +3,25 @@
 
 VENV      := .venv
 PYTHON    := $(VENV)/bin/python
+# Everything (the broker, the client, Spark and the test tools), and what `make run` needs.
 INSTALLED := $(VENV)/.installed
+BROKER_INSTALLED := $(VENV)/.installed-broker
 APT_PACKAGES := kcat
 
 .PHONY: run test lint unit integration conformance bench system-deps clean
 
-$(INSTALLED): pyproject.toml
+$(PYTHON):
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,spark]'
+
+$(BROKER_INSTALLED): pyproject.toml | $(PYTHON)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e .
 	touch $@
 
-run: $(INSTALLED)
+$(INSTALLED): pyproject.toml | $(PYTHON)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,spark]'
+	touch $@ $(BROKER_INSTALLED)
+
+run: $(BROKER_INSTALLED)
 	$(VENV)/bin/strom serve config/server.properties
 
 system-deps:

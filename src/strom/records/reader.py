@@ -105,6 +105,49 @@ class ConsumerRecord:
         )
 
 
+class FetchedBatch:
+    """The undecoded records of one fetched batch, for a caller that decodes them itself
+    (column by column, say): ``count`` records at ``payload[position:limit]``, CRC-checked
+    and decompressed. Offsets are ``base_offset`` + each record's offset delta; records
+    below ``min_offset`` were returned before (a compressed batch the broker sent whole).
+    Timestamps are ``base_timestamp`` + each record's delta, or ``base_timestamp`` itself
+    when ``timestamp_type`` is 1 (LogAppendTime, the batch's max timestamp)."""
+
+    __slots__ = (
+        "base_offset",
+        "base_timestamp",
+        "count",
+        "leader_epoch",
+        "limit",
+        "min_offset",
+        "payload",
+        "position",
+        "timestamp_type",
+    )
+
+    def __init__(
+        self,
+        payload: bytes,
+        position: int,
+        limit: int,
+        count: int,
+        base_offset: int,
+        base_timestamp: int,
+        timestamp_type: int,
+        leader_epoch: int | None,
+        min_offset: int,
+    ) -> None:
+        self.payload = payload
+        self.position = position
+        self.limit = limit
+        self.count = count
+        self.base_offset = base_offset
+        self.base_timestamp = base_timestamp
+        self.timestamp_type = timestamp_type
+        self.leader_epoch = leader_epoch
+        self.min_offset = min_offset
+
+
 def scan_batches(data: bytes, fetch_offset: int) -> tuple[int, int]:
     """(bytes taken by the complete batches, the offset to fetch next) of a fetched record set.
 
@@ -216,6 +259,34 @@ class FetchedRecords:
                     break
                 continue
             self._decode(out, max_records - len(out))
+        return out
+
+    def take_batches(self, max_records: int) -> list[FetchedBatch]:
+        """Whole batches, undecoded, until they hold at least ``max_records`` records (or none are
+        left); the position moves past each. Raises InvalidBatchError as ``take`` does."""
+        out: list[FetchedBatch] = []
+        taken = 0
+        while taken < max_records:
+            if self._remaining == 0 and not self._next_batch():
+                break
+            out.append(
+                FetchedBatch(
+                    self._payload,
+                    self._record_position,
+                    self._record_limit,
+                    self._remaining,
+                    self._base_offset,
+                    self._base_timestamp,
+                    self._timestamp_type,
+                    self._leader_epoch,
+                    self._min_offset,
+                )
+            )
+            taken += self._remaining
+            self._remaining = 0
+            self._payload = b""
+            self.next_offset = max(self.next_offset, self._batch_next_offset)
+            self.last_leader_epoch = self._leader_epoch
         return out
 
     # -- batches ----------------------------------------------------------------------------
@@ -392,7 +463,7 @@ class FetchedRecords:
                     headers: tuple[Header, ...] = ()
                     position += 1
                 else:
-                    headers, position = _read_headers(data, position, record_end)
+                    headers, position = read_headers(data, position, record_end)
                 if position != record_end:
                     raise InvalidBatchError(
                         f"record declares {length} bytes but its fields take {length + position - record_end}",
@@ -437,7 +508,7 @@ class FetchedRecords:
             self._payload = b""
 
 
-def _read_headers(data: bytes, position: int, limit: int) -> tuple[tuple[Header, ...], int]:
+def read_headers(data: bytes, position: int, limit: int) -> tuple[tuple[Header, ...], int]:
     count, position = read_varint(data, position)
     if count < 0:
         raise InvalidBatchError(f"invalid header count {count}", corrupt=True)

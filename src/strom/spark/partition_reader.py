@@ -4,7 +4,7 @@ A Spark task gets an ``OffsetRangePartition``, which carries everything the read
 (Spark runs ``read()`` in a Python worker on a copy of the reader made when the query
 started, so nothing else may be relied on). A Strom consumer assigned to the partition
 reads from the range's start to its end; the records come back as Arrow record batches
-with the source's schema, column for column.
+with the source's schema, decoded column by column (``strom.spark.arrow_decoder``).
 
 Offsets in the range may be missing for good reasons (compaction, transaction markers);
 offsets deleted by retention before the read are data loss, which fails the read or is
@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from strom.client.cluster import TopicPartition
-from strom.client.consumer import Consumer, ConsumerRecord
+from strom.client.consumer import Consumer
 from strom.client.consumer.structs import OffsetOutOfRangeError
+from strom.spark.arrow_decoder import decode_batches
 from strom.spark.schema import arrow_schema
 
 log = logging.getLogger("strom.spark")
@@ -89,17 +90,16 @@ def read_range(part: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
         last_progress = time.monotonic()
         while position < until:
             try:
-                records = consumer.poll(1.0)
+                batches = consumer.poll_batches(1.0)
             except OffsetOutOfRangeError:
                 position = _skip_lost(consumer, part, position)
                 consumer.seek(tp, position)
                 continue
-            if records:
-                if records[-1].offset >= until:
-                    records = [r for r in records if r.offset < until]
-                if records:
-                    yield to_arrow(records, schema, part.include_headers)
-                    last_progress = time.monotonic()
+            if batches:
+                rows = decode_batches(batches, schema, part.topic, part.partition, until, part.include_headers)
+                if rows.num_rows:
+                    yield rows
+                last_progress = time.monotonic()
             # Control batches and compacted-away records move the position without records.
             position = max(position, consumer.position(tp))
             if position < until and time.monotonic() - last_progress > part.poll_timeout_ms / 1000:
@@ -143,26 +143,3 @@ def _check_stalled(consumer: Consumer, part: OffsetRangePartition, position: int
         f"no records from {tp} at offset {position} within kafkaConsumer.pollTimeoutMs "
         f"({part.poll_timeout_ms} ms) though the log ends at {latest}"
     )
-
-
-def to_arrow(records: Sequence[ConsumerRecord], schema: pa.Schema, include_headers: bool) -> pa.RecordBatch:
-    """Records as an Arrow batch of the source schema (timestamps in UTC microseconds)."""
-    count = len(records)
-    first = records[0]
-    columns = [
-        pa.array([r.key for r in records], pa.binary()),
-        pa.array([r.value for r in records], pa.binary()),
-        pa.repeat(pa.scalar(first.topic, pa.string()), count),
-        pa.repeat(pa.scalar(first.partition, pa.int32()), count),
-        pa.array([r.offset for r in records], pa.int64()),
-        pa.array([r.timestamp * 1000 for r in records], pa.int64()).cast(schema.field("timestamp").type),
-        pa.array([r.timestamp_type for r in records], pa.int32()),
-    ]
-    if include_headers:
-        columns.append(
-            pa.array(
-                [[{"key": k, "value": v} for k, v in r.headers] for r in records],
-                schema.field("headers").type,
-            )
-        )
-    return pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -16,7 +16,7 @@ from strom.client.consumer.structs import (
     OffsetAndTimestamp,
     OffsetOutOfRangeError,
 )
-from strom.records.reader import ConsumerRecord
+from strom.records.reader import ConsumerRecord, FetchedBatch
 
 __all__ = [
     "AsyncConsumer",
@@ -25,6 +25,7 @@ __all__ = [
     "ConsumerRebalanceListener",
     "ConsumerRecord",
     "CooperativeStickyAssignor",
+    "FetchedBatch",
     "NoOffsetForPartitionError",
     "OffsetAndMetadata",
     "OffsetAndTimestamp",

@@ -14,7 +14,7 @@ import asyncio
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from strom.client.consumer.structs import ConsumerRebalanceListener, OffsetAndMe
 from strom.client.consumer.subscription_state import OffsetResetStrategy
 from strom.client.errors import KafkaException
 from strom.client.loop_thread import EventLoopThread
-from strom.records.reader import ConsumerRecord
+from strom.records.reader import ConsumerRecord, FetchedBatch
 
 T = TypeVar("T")
 # Records an AsyncConsumer decodes between two chances for the loop to do I/O.
@@ -105,6 +105,15 @@ class Consumer:
 
     def poll(self, timeout: float = 1.0) -> list[ConsumerRecord]:
         """Up to ``max.poll.records`` records, waiting up to ``timeout`` seconds for some."""
+        return self._poll(self._core.poll_step, timeout)
+
+    def poll_batches(self, timeout: float = 1.0) -> list[FetchedBatch]:
+        """As poll(), but the fetched record batches themselves, undecoded (about
+        ``max.poll.records`` records' worth), for a caller that decodes them its own way
+        (``strom.spark`` builds Arrow columns). Positions move past the batches returned."""
+        return self._poll(self._core.poll_batches_step, timeout)
+
+    def _poll(self, step: Callable[[], list[T]], timeout: float) -> list[T]:
         core = self._core
         caller = core.caller
         core.before_poll()
@@ -113,7 +122,7 @@ class Consumer:
             self._wake.clear()
             if caller.pending:
                 caller.run_pending()
-            records = core.poll_step()
+            records = step()
             if records:
                 return records
             remaining = deadline - time.monotonic()

@@ -33,7 +33,7 @@ from strom.client.consumer.subscription_state import OffsetResetStrategy, Subscr
 from strom.client.errors import ConfigException, ErrorCode, KafkaException, KafkaTimeoutError
 from strom.client.network_client import NetworkClient
 from strom.network.connection import KafkaConnectionError, RequestTimeoutError
-from strom.records.reader import ConsumerRecord
+from strom.records.reader import ConsumerRecord, FetchedBatch
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,18 @@ class ConsumerCore:
 
     def poll_step(self, max_records: int | None = None) -> list[ConsumerRecord]:
         """One look at everything poll() waits for (after the caller ran its queued callbacks)."""
+        if not self._may_return_records():
+            return []
+        return self.fetcher.collect(self.max_poll_records if max_records is None else max_records)
+
+    def poll_batches_step(self) -> list[FetchedBatch]:
+        """poll_step for poll_batches(): whole batches, undecoded."""
+        if not self._may_return_records():
+            return []
+        return self.fetcher.collect_batches(self.max_poll_records)
+
+    def _may_return_records(self) -> bool:
+        """Raise the group's error, rejoin if needed; False while a rebalance holds records back."""
         coordinator = self.coordinator
         if coordinator is not None:
             error = coordinator.take_error()
@@ -208,8 +220,8 @@ class ConsumerCore:
             if coordinator.need_rejoin() and not coordinator.rebalancing:
                 self.on_loop(coordinator.ensure_active_group)
             if coordinator.holding_records and coordinator.rebalancing:
-                return []
-        return self.fetcher.collect(self.max_poll_records if max_records is None else max_records)
+                return False
+        return True
 
     # -- subscriptions and positions (no I/O; any thread) ------------------------------------------
 

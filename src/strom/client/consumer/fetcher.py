@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from strom.client.cluster import TopicPartition
 from strom.client.consumer.structs import (
@@ -43,7 +43,7 @@ from strom.network.connection import BrokerConnection, KafkaConnectionError, Req
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.messages import build
 from strom.records.batch import InvalidBatchError
-from strom.records.reader import ConsumerRecord, FetchedRecords, scan_batches
+from strom.records.reader import ConsumerRecord, FetchedBatch, FetchedRecords, scan_batches
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,21 @@ _DECODE_CHUNK = 500
 _UNASSIGNED = TopicPartitionState()
 
 CommittedFetcher = Callable[[set[TopicPartition]], Awaitable[dict[TopicPartition, OffsetAndMetadata | None]]]
+
+
+T = TypeVar("T", ConsumerRecord, FetchedBatch)
+# How collect takes from a fetched record set: (what it returns, the records that holds).
+_Take = Callable[[FetchedRecords, int], tuple[list[T], int]]
+
+
+def _take_records(records: FetchedRecords, limit: int) -> tuple[list[ConsumerRecord], int]:
+    taken = records.take(limit)
+    return taken, len(taken)
+
+
+def _take_batches(records: FetchedRecords, limit: int) -> tuple[list[FetchedBatch], int]:
+    taken = records.take_batches(limit)
+    return taken, sum(batch.count for batch in taken)
 
 
 @dataclass(slots=True, eq=False)
@@ -593,6 +608,14 @@ class Fetcher:
         Raises the errors poll() reports: no offset with reset strategy ``none``, an offset
         out of range with it, a corrupt batch, a fetch error the consumer cannot handle.
         """
+        return self._collect(max_records, _take_records)
+
+    def collect_batches(self, max_records: int) -> list[FetchedBatch]:
+        """As ``collect``, but whole batches left undecoded, at least ``max_records`` records' worth
+        when that many are buffered."""
+        return self._collect(max_records, _take_batches)
+
+    def _collect(self, max_records: int, take: _Take[T]) -> list[T]:
         if self._pending_error is not None:
             error, self._pending_error = self._pending_error, None
             raise error
@@ -600,7 +623,8 @@ class Fetcher:
         without_offset = subscriptions.partitions_without_offset()
         if without_offset:
             raise NoOffsetForPartitionError(without_offset)
-        out: list[ConsumerRecord] = []
+        out: list[T] = []
+        count = 0  # records in out
         parked: list[CompletedFetch] = []
         # No garbage collection while decoding: every record is a new GC-tracked object that
         # stays alive, so the collector would run every 700 records and promote them through
@@ -610,7 +634,7 @@ class Fetcher:
         if collecting:
             gc.disable()
         try:
-            while len(out) < max_records:
+            while count < max_records:
                 fetch = self._current
                 if fetch is None:
                     fetch = self._next_completed(parked)
@@ -626,7 +650,7 @@ class Fetcher:
                     self._current = None
                     continue
                 try:
-                    taken = records.take(min(max_records - len(out), _DECODE_CHUNK))
+                    taken, taken_count = take(records, min(max_records - count, _DECODE_CHUNK))
                 except InvalidBatchError as exc:
                     self._rewind(fetch)
                     error = KafkaException(
@@ -644,6 +668,7 @@ class Fetcher:
                         if taken:
                             state.leader_epoch = records.last_leader_epoch
                             out += taken
+                            count += taken_count
                     if records.exhausted or state is None or state.epoch != fetch.epoch:
                         self._current = None
                 if self.yield_gil:
