@@ -153,8 +153,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     admin_config = {k: v for k, v in params.items() if k in _ADMIN_KEYS}
     strategy = _strategy(opts)
     if streaming:
-        for key in ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp"):
-            if key in opts:
+        for key in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
+            if key.lower() in opts:
                 raise OptionError(f"option '{key}' is for batch queries only: a streaming query has no end")
     timestamp_strategy = opts.get("startingoffsetsbytimestampstrategy", "error").lower()
     if timestamp_strategy not in _TIMESTAMP_STRATEGIES:
@@ -163,18 +163,18 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         )
     starting = _offset_limit(
         opts,
-        offsets_key="startingoffsets",
-        timestamp_key="startingtimestamp",
-        timestamps_key="startingoffsetsbytimestamp",
+        offsets_key="startingOffsets",
+        timestamp_key="startingTimestamp",
+        timestamps_key="startingOffsetsByTimestamp",
         default=OffsetRangeLimit.latest() if streaming else OffsetRangeLimit.earliest(),
         strategy=timestamp_strategy,
     )
     # An ending timestamp without a matching offset reads to the end, as Spark's connector does.
     ending = _offset_limit(
         opts,
-        offsets_key="endingoffsets",
-        timestamp_key="endingtimestamp",
-        timestamps_key="endingoffsetsbytimestamp",
+        offsets_key="endingOffsets",
+        timestamp_key="endingTimestamp",
+        timestamps_key="endingOffsetsByTimestamp",
         default=OffsetRangeLimit.latest(),
         strategy="latest",
     )
@@ -270,20 +270,21 @@ def _offset_limit(
     default: OffsetRangeLimit,
     strategy: str,
 ) -> OffsetRangeLimit:
+    """Keys are given as documented (camelCase), for messages; options are looked up in lower case."""
     # Spark's precedence: one timestamp for all partitions, then per-partition timestamps, then offsets.
-    if timestamp_key in opts:
+    if timestamp_key.lower() in opts:
         try:
-            timestamp = int(opts[timestamp_key])
+            timestamp = int(opts[timestamp_key.lower()])
         except ValueError as error:
             raise OptionError(f"option '{timestamp_key}' must be a timestamp in milliseconds") from error
         return OffsetRangeLimit.global_timestamp(timestamp, strategy)
-    if timestamps_key in opts:
+    if timestamps_key.lower() in opts:
         try:
-            timestamps = from_json_dict(opts[timestamps_key], f"option '{timestamps_key}'")
+            timestamps = from_json_dict(opts[timestamps_key.lower()], f"option '{timestamps_key}'")
         except OffsetsFormatError as error:
             raise OptionError(str(error)) from error
         return OffsetRangeLimit.by_timestamp(timestamps, strategy)
-    value = opts.get(offsets_key)
+    value = opts.get(offsets_key.lower())
     if value is None:
         return default
     if value.strip().lower() == "earliest":

@@ -54,20 +54,22 @@ def plan_partitions(
 ) -> list[StromInputPartition]:
     """One input partition per non-empty range, split further to reach ``minPartitions``.
 
-    A split gives each range a share of the wanted partitions in proportion to its size,
-    at least one; offsets stay in order within each range.
+    Each range gets a share of the wanted partitions in proportion to its size (at least
+    one, at most one per offset), so there are at least ``minPartitions`` when there are
+    that many offsets; offsets stay in order within each range.
     """
     sized = [(tp, start, end) for tp, (start, end) in sorted(ranges.items(), key=_tp_order) if end > start]
-    total = sum(end - start for _, start, end in sized)
     wanted = options.min_partitions or 0
+    pieces = dict.fromkeys((tp for tp, _, _ in sized), 1)
+    if wanted > len(sized):
+        shares = _apportion({tp: end - start for tp, start, end in sized}, wanted)
+        # Every range at least one piece, none smaller than one offset.
+        pieces = {tp: min(end - start, max(1, shares[tp])) for tp, start, end in sized}
     parts: list[StromInputPartition] = []
     for tp, start, end in sized:
-        pieces = 1
-        if wanted > len(sized):
-            pieces = max(1, round((end - start) * wanted / total))
-        step, extra = divmod(end - start, pieces)
+        step, extra = divmod(end - start, pieces[tp])
         lower = start
-        for index in range(pieces):
+        for index in range(pieces[tp]):
             upper = lower + step + (1 if index < extra else 0)
             if upper > lower:
                 parts.append(StromInputPartition(_range(options, tp, lower, upper)))
@@ -93,9 +95,12 @@ def _tp_order(item: tuple[TopicPartition, Any]) -> tuple[str, int]:
 
 
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    if not isinstance(partition, StromInputPartition):
-        raise TypeError(f"not a strom input partition: {partition!r}")
-    return read_range(partition.offset_range)
+    if isinstance(partition, StromInputPartition):
+        return read_range(partition.offset_range)
+    if partition.value is None:
+        # PySpark plans InputPartition(None) when partitions() is empty: nothing to read.
+        return iter(())
+    raise TypeError(f"not a strom input partition: {partition!r}")
 
 
 class StromBatchReader(DataSourceReader):

@@ -66,7 +66,7 @@ def test_strategies() -> None:
         ({**BASE, "startingOffsets": "{bad"}, "takes 'earliest', 'latest' or JSON"),
         ({**BASE, "startingOffsets": '{"a": {"0": -3}}'}, "is negative"),
         ({**BASE, "startingOffsetsByTimestampStrategy": "guess"}, "must be 'error' or 'latest'"),
-        ({**BASE, "endingOffsets": "latest"}, "'endingoffsets' is for batch queries only"),
+        ({**BASE, "endingOffsets": "latest"}, "'endingOffsets' is for batch queries only"),
     ],
 )
 def test_refusals_name_the_option(options: dict[str, str], message: str) -> None:

@@ -64,6 +64,17 @@ def test_plan_partitions_splits_for_min_partitions() -> None:
     assert all(a[1] == b[0] for a, b in zip(covered[A0], covered[A0][1:], strict=False))
     assert sum(u - f for f, u in covered[A1]) == 100
     assert B0 not in covered
+    # Three equal ranges and minPartitions 7: rounding each share down would give 6.
+    equal = plan_partitions(options(minPartitions="7"), {A0: (0, 30), A1: (0, 30), A2: (0, 30)})
+    assert len(equal) == 7
+    # Never more pieces than offsets.
+    tiny = plan_partitions(options(minPartitions="50"), {A0: (0, 3), A1: (10, 11)})
+    assert sorted((p.offset_range.from_offset, p.offset_range.until_offset) for p in tiny) == [
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (10, 11),
+    ]
     # Partitions carry everything read() needs and pickle (Spark ships them to executors).
     copy = pickle.loads(pickle.dumps(split[0]))
     assert copy.offset_range == split[0].offset_range
