@@ -4,7 +4,8 @@ Decoding record by record into Python objects costs about a microsecond per reco
 than the rest of a Spark read. Here only the walk from one record to the next is a
 Python loop (each record's length varint says where the next begins); every field after
 it is decoded for all records at once with numpy: the varints of each field as a few
-vector operations, keys and values gathered into Arrow's contiguous binary layout.
+vector operations, keys and values described as Arrow binary views over the fetched bytes
+and copied once into Arrow's contiguous binary layout.
 Headers are decoded per record, and only when the source includes them.
 
 Corrupt records (a field running past its record, a record past its batch, a bad
@@ -25,6 +26,9 @@ from strom.records.varint import MAX_VARLONG_BYTES, VarintError, read_varint
 
 Int64s = npt.NDArray[np.int64]
 
+# The most batch payload decoded into one Arrow batch (binary views use int32 offsets).
+MAX_PAYLOAD = 1 << 30
+
 
 def decode_batches(
     batches: Sequence[FetchedBatch],
@@ -35,7 +39,11 @@ def decode_batches(
     include_headers: bool,
 ) -> pa.RecordBatch:
     """The records of ``batches`` below ``until_offset`` (and at or above each batch's
-    ``min_offset``) as a record batch of the source schema."""
+    ``min_offset``) as a record batch of the source schema.
+
+    Their payloads together must stay below 2 GiB (binary views address them with int32
+    offsets); ``read_range`` hands over at most MAX_PAYLOAD bytes' worth at a time.
+    """
     payload = b"".join(memoryview(b.payload)[b.position : b.limit] for b in batches)
     body_starts, ends = _walk(payload, batches)
     counts = [b.count for b in batches]
@@ -71,8 +79,8 @@ def decode_batches(
 
     count = int(keep.sum())
     columns = [
-        _binary(buf, pick(key_start), pick(key_length)),
-        _binary(buf, pick(value_start), pick(value_length)),
+        _binary(payload, buf, pick(key_start), pick(key_length)),
+        _binary(payload, buf, pick(value_start), pick(value_length)),
         pa.repeat(pa.scalar(topic, pa.string()), count),
         pa.repeat(pa.scalar(partition, pa.int32()), count),
         pa.array(pick(offsets), pa.int64()),
@@ -158,25 +166,32 @@ def _varints(buf: npt.NDArray[np.uint8], position: Int64s, limit: Int64s) -> tup
     return (unsigned >> 1) ^ -(unsigned & 1), after
 
 
-def _binary(buf: npt.NDArray[np.uint8], start: Int64s, length: Int64s) -> pa.Array:
-    """Arrow binary values gathered from ``buf`` (a length of -1 is null)."""
+def _binary(payload: bytes, buf: npt.NDArray[np.uint8], start: Int64s, length: Int64s) -> pa.Array:
+    """Arrow binary values at ``start`` in the payload (a length of -1 is null).
+
+    Built as a binary-view array over the payload, 16 bytes per value (a value of up to 12
+    bytes inline, a longer one as its length, first 4 bytes and offset), which Arrow's cast
+    then copies into the contiguous binary layout Spark takes: four times faster than
+    gathering the bytes with numpy.
+    """
     count = len(start)
     present = length >= 0
     if not present.any():
         return pa.nulls(count, pa.binary())
     sizes = np.where(present, length, 0)
-    offsets = np.zeros(count + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    total = int(offsets[-1])
-    # Byte i of the output comes from start[record] + (i - offsets[record]).
-    data = buf[np.repeat(start - offsets[:-1], sizes) + np.arange(total, dtype=np.int64)]
+    views = np.zeros((count, 4), np.int32)
+    views[:, 0] = sizes
+    # The first 12 bytes of each value (clipped at the payload's end; masked beyond each size).
+    head = buf[np.minimum(start[:, None] + np.arange(12), len(buf) - 1)]
+    inline = sizes <= 12
+    view_bytes = views.view(np.uint8)
+    view_bytes[:, 4:16] = np.where(inline[:, None] & (np.arange(12) < sizes[:, None]), head, 0)
+    outline = ~inline
+    view_bytes[outline, 4:8] = head[outline, :4]
+    views[outline, 3] = start[outline]  # buffer 0 (the payload), at the value's offset
     validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
-    if total < 2**31:
-        return pa.Array.from_buffers(
-            pa.binary(), count, [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
-        )
-    large = pa.Array.from_buffers(pa.large_binary(), count, [validity, pa.py_buffer(offsets), pa.py_buffer(data)])
-    return large.cast(pa.binary())
+    array = pa.Array.from_buffers(pa.binary_view(), count, [validity, pa.py_buffer(views), pa.py_buffer(payload)])
+    return array.cast(pa.binary())
 
 
 def _headers(

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from strom.client.cluster import TopicPartition
-from strom.client.consumer import Consumer
+from strom.client.consumer import Consumer, FetchedBatch
 from strom.client.consumer.structs import OffsetOutOfRangeError
-from strom.spark.arrow_decoder import decode_batches
+from strom.spark.arrow_decoder import MAX_PAYLOAD, decode_batches
 from strom.spark.schema import arrow_schema
 
 log = logging.getLogger("strom.spark")
@@ -95,8 +95,8 @@ def read_range(part: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
                 position = _skip_lost(consumer, part, position)
                 consumer.seek(tp, position)
                 continue
-            if batches:
-                rows = decode_batches(batches, schema, part.topic, part.partition, until, part.include_headers)
+            for chunk in _chunks(batches):
+                rows = decode_batches(chunk, schema, part.topic, part.partition, until, part.include_headers)
                 if rows.num_rows:
                     yield rows
                 last_progress = time.monotonic()
@@ -107,6 +107,21 @@ def read_range(part: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
                 last_progress = time.monotonic()
     finally:
         consumer.close()
+
+
+def _chunks(batches: list[FetchedBatch]) -> Iterator[list[FetchedBatch]]:
+    """The batches in runs of at most MAX_PAYLOAD bytes (a batch larger than that alone)."""
+    chunk: list[FetchedBatch] = []
+    size = 0
+    for batch in batches:
+        batch_size = batch.limit - batch.position
+        if chunk and size + batch_size > MAX_PAYLOAD:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(batch)
+        size += batch_size
+    if chunk:
+        yield chunk
 
 
 def _skip_lost(consumer: Consumer, part: OffsetRangePartition, position: int) -> int:
