@@ -46,6 +46,7 @@ bench: $(INSTALLED)
 	$(PYTHON) bench/idle_connections.py --write-results
 	$(PYTHON) bench/cleaner_bench.py --write-results
 	$(PYTHON) bench/client_bench.py --write-results
+	$(PYTHON) bench/spark_bench.py --write-results
 
 clean:
 	rm -rf $(VENV) .cache data
