@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 BROKER_INSTALLED := $(VENV)/.installed-broker
 APT_PACKAGES := kcat
 
-.PHONY: run test lint unit integration conformance bench system-deps clean
+.PHONY: run test lint bench demo system-deps clean
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -23,6 +23,10 @@ $(INSTALLED): pyproject.toml | $(PYTHON)
 
 run: $(BROKER_INSTALLED)
 	$(VENV)/bin/strom serve config/server.properties
+
+# The web-log demo: broker, log generator, Spark pipeline and a live chart on http://127.0.0.1:8000/
+demo: $(INSTALLED)
+	$(PYTHON) examples/weblog/run_demo.py
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -23,6 +23,7 @@ from strom.cli import (
     logs,
     offsets,
     perf,
+    pipeline,
     produce,
     topics,
 )
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("strom")
 
-COMMANDS = (topics, produce, consume, groups, configs, offsets, delete_records, perf, dump_log)
+COMMANDS = (topics, produce, consume, groups, configs, offsets, delete_records, perf, dump_log, pipeline)
 
 
 def build_parser() -> ArgumentParser:
