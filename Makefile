@@ -36,7 +36,7 @@ system-deps:
 	fi
 
 lint: $(INSTALLED)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
 
 test: $(INSTALLED) system-deps lint
