@@ -11,9 +11,9 @@ up each query's strom sources (their options and checkpoint paths) in the query'
 logical plan through the JVM gateway. It records the query's handle when the query
 starts (``track`` does the same at once, for a caller that cannot wait for the event),
 because a query that finishes fast is gone from ``spark.streams`` before its last
-progress event is delivered. Events arrive in order on the listener bus, so once a
-query's termination event is handled its last batch has been committed
-(``wait_for``).
+progress event is delivered. Commits run in order on a thread of their own, so a broker
+that does not answer never holds up Spark's listener bus; once a query's termination
+event has gone through that thread, its last batch has been committed (``wait_for``).
 
 The group is ``kafka.group.id`` if the source has one, else ``<groupIdPrefix>-<query
 name>``, else ``<groupIdPrefix>-<hash of the checkpoint location>``: stable across
@@ -22,10 +22,13 @@ restarts of the same query.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
+import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,9 @@ from strom.spark.source import SOURCE_NAME
 
 log = logging.getLogger("strom.spark")
 
+# Seconds a commit may take; a later batch's commit covers a failed one.
+COMMIT_TIMEOUT = 10.0
+
 
 @dataclass(frozen=True)
 class _StromSource:
@@ -61,8 +67,12 @@ class OffsetCommitter(StreamingQueryListener):
         self._queries: dict[str, Any] = {}  # runId -> the JVM StreamExecution
         self._sources: dict[str, dict[str, _StromSource]] = {}  # runId -> source description -> source
         self._terminated: dict[str, threading.Event] = {}
-        self._committed: dict[tuple[str, str], str] = {}  # (runId, description) -> last end offset committed
+        self._committed: dict[tuple[str, str], str] = {}  # (runId, description) -> last end offset sent
         self._admins: dict[tuple[tuple[str, str], ...], AdminClient] = {}
+        # Commits run on a thread of their own: a slow or absent broker must not hold up
+        # Spark's listener bus (or spark.stop(), which drains it).
+        self._work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        threading.Thread(target=self._commit_loop, name="strom-offset-committer", daemon=True).start()
 
     # -- the caller's side ----------------------------------------------------------------------
 
@@ -73,19 +83,6 @@ class OffsetCommitter(StreamingQueryListener):
     def wait_for(self, query: StreamingQuery, timeout: float = 30.0) -> bool:
         """After the query stopped: wait until its last batch's offsets are committed."""
         return self._event(str(query.runId)).wait(timeout)
-
-    def committed_groups(self, query: StreamingQuery) -> list[str]:
-        """The consumer groups the query's strom sources commit to."""
-        with self._lock:
-            sources = self._sources.get(str(query.runId), {})
-            return sorted({source.group_id for source in sources.values()})
-
-    def close(self) -> None:
-        with self._lock:
-            admins = list(self._admins.values())
-            self._admins.clear()
-        for admin in admins:
-            admin.close()
 
     # -- listener events (the listener bus thread, in order) ------------------------------------
 
@@ -99,27 +96,20 @@ class OffsetCommitter(StreamingQueryListener):
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         progress = event.progress
         run_id = str(progress.runId)
+        query = progress.name or str(progress.id)
         try:
             sources = self._strom_sources(run_id, progress.name)
         except Exception:  # the JVM gateway failing must not take the listener bus down
-            log.warning("cannot inspect the sources of query %s", progress.name or progress.id, exc_info=True)
+            log.warning("cannot inspect the sources of query %s", query, exc_info=True)
             return
         for source_progress in progress.sources:
             source = sources.get(source_progress.description)
             end = source_progress.endOffset
-            if source is None or not end or self._committed.get((run_id, source_progress.description)) == end:
+            key = (run_id, source_progress.description)
+            if source is None or not end or self._committed.get(key) == end:
                 continue
-            try:
-                self._commit(source, end)
-            except Exception as error:
-                log.warning(
-                    "could not commit offsets of query %s to group %s: %s",
-                    progress.name or progress.id,
-                    source.group_id,
-                    error,
-                )
-            else:
-                self._committed[(run_id, source_progress.description)] = end
+            self._committed[key] = end
+            self._work.put(functools.partial(self._commit, query, source, end))
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:
         pass
@@ -131,7 +121,8 @@ class OffsetCommitter(StreamingQueryListener):
             self._sources.pop(run_id, None)
             for key in [key for key in self._committed if key[0] == run_id]:
                 del self._committed[key]
-        self._event(run_id).set()
+        # Set once the commits queued before it are done.
+        self._work.put(self._event(run_id).set)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -170,17 +161,25 @@ class OffsetCommitter(StreamingQueryListener):
             self._sources[run_id] = found
         return found
 
-    def _commit(self, source: _StromSource, end_offset: str) -> None:
+    def _commit_loop(self) -> None:
+        while True:
+            self._work.get()()
+
+    def _commit(self, query: str, source: _StromSource, end_offset: str) -> None:
         offsets = from_json_dict(json.loads(end_offset), "end offset")
         config = source.options.client_config("admin")
         key = tuple(sorted(config.items()))
-        with self._lock:
-            admin = self._admins.get(key)
-            if admin is None:
-                admin = self._admins[key] = AdminClient(config)
-        admin.alter_consumer_group_offsets(
-            source.group_id, {tp: OffsetAndMetadata(offset) for tp, offset in offsets.items()}
-        )
+        admin = self._admins.get(key)
+        if admin is None:
+            admin = self._admins[key] = AdminClient(config)
+        try:
+            admin.alter_consumer_group_offsets(
+                source.group_id,
+                {tp: OffsetAndMetadata(offset) for tp, offset in offsets.items()},
+                timeout=COMMIT_TIMEOUT,
+            )
+        except Exception as error:
+            log.warning("could not commit offsets of query %s to group %s: %s", query, source.group_id, error)
 
 
 def _default_group(prefix: str, query_name: str | None, checkpoint: str) -> str:

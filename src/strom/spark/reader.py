@@ -129,7 +129,7 @@ class StromBatchReader(DataSourceReader):
             if lower < earliest[tp]:
                 report_data_loss(
                     self.options.fail_on_data_loss,
-                    data_loss_message(tp, lower, min(earliest[tp], upper), "deleted by retention"),
+                    data_loss_message(tp, lower, min(earliest[tp], upper), "deleted by retention or DeleteRecords"),
                 )
                 lower = min(earliest[tp], upper)
             ranges[tp] = (lower, upper)
@@ -227,7 +227,7 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             if lower < earliest.get(tp, lower):
                 report_data_loss(
-                    fail, data_loss_message(tp, lower, min(earliest[tp], upper), "deleted by retention")
+                    fail, data_loss_message(tp, lower, min(earliest[tp], upper), "deleted by retention or DeleteRecords")
                 )
                 lower = min(earliest[tp], upper)
             ranges[tp] = (lower, upper)
