@@ -537,9 +537,14 @@ def other_sections(text: str) -> list[str]:
     return [match.group(0) for match in _SECTION.finditer(text)]
 
 
-def idle_section(text: str) -> str:
-    """The idle-connections section of RESULTS.md (kept when broker_bench rewrites the file)."""
-    start, end = text.find(IDLE_BEGIN), text.find(IDLE_END)
+def write_section(name: str, section: str) -> None:
+    """Put a script's section of RESULTS.md (``<!-- name:begin -->`` ... ``<!-- name:end -->``) in
+    place of its previous one, or append it."""
+    begin, end_marker = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    start, end = text.find(begin), text.find(end_marker)
     if start < 0 or end < start:
-        return ""
-    return text[start : end + len(IDLE_END)]
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    else:
+        text = text[:start] + section + text[end + len(end_marker) :]
+    RESULTS.write_text(text)

@@ -586,24 +586,6 @@ def render(
     return "\n".join(lines)
 
 
-def section_span(text: str) -> tuple[int, int] | None:
-    start, end = text.find(CLEANER_BEGIN), text.find(CLEANER_END)
-    if start < 0 or end < start:
-        return None
-    return start, end + len(CLEANER_END)
-
-
-def write_section(section: str) -> None:
-    """Replaces the cleaner section of RESULTS.md, or appends it."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Broker benchmark results\n"
-    span = section_span(text)
-    if span is None:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    else:
-        text = text[: span[0]] + section + text[span[1] :]
-    RESULTS.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -709,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     log("")
     log(section)
     if args.write_results:
-        write_section(section)
+        benchlib.write_section("cleaner", section)
         log(f"wrote {RESULTS.relative_to(REPO)}")
     return 1 if throughput_failures or loop_failures else 0
 

@@ -797,17 +797,6 @@ def render(
     return "\n".join(lines)
 
 
-def write_section(section: str) -> None:
-    """Replaces the client section of RESULTS.md, or appends it."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start, end = text.find(CLIENT_BEGIN), text.find(CLIENT_END)
-    if start < 0 or end < start:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    else:
-        text = text[:start] + section + text[end + len(CLIENT_END) :]
-    RESULTS.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -921,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
     log("")
     log(section)
     if args.write_results:
-        write_section(section)
+        benchlib.write_section("client", section)
         log(f"wrote {RESULTS.relative_to(REPO)}")
     return 1 if any(runs.failures for runs in results.values()) else 0
 

@@ -161,14 +161,6 @@ def render(
     return "\n".join(lines)
 
 
-def write_section(section: str) -> None:
-    """Replaces the idle-connections section of RESULTS.md, or appends it."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Broker benchmark results\n"
-    old = benchlib.idle_section(text)
-    text = text.replace(old, section) if old else text.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -223,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     log("")
     log(section)
     if args.write_results:
-        write_section(section)
+        benchlib.write_section("idle-connections", section)
         log(f"wrote {RESULTS.relative_to(REPO)}")
     return 1 if failures else 0
 

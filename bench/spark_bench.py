@@ -785,17 +785,6 @@ def load_at_end() -> str:
     return f"- Load average at the end: {load}; other Spark JVMs running: {other_spark_jvms()}"
 
 
-def write_section(section: str) -> None:
-    """Replaces the spark section of RESULTS.md, or appends it."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start, end = text.find(SPARK_BEGIN), text.find(SPARK_END)
-    if start < 0 or end < start:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    else:
-        text = text[:start] + section + text[end + len(SPARK_END) :]
-    RESULTS.write_text(text)
-
-
 @dataclass
 class Workspace:
     run_dir: Path
@@ -910,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(section)
     if args.write_results:
-        write_section(section)
+        benchlib.write_section("spark", section)
         log(f"wrote {RESULTS.relative_to(REPO)}")
     return 0
 

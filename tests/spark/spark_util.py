@@ -204,6 +204,13 @@ def consume_all(bootstrap: str, partitions: Sequence[TopicPartition], timeout: f
     return records
 
 
+def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Any]:
+    """Every record of every partition of ``topic``, up to the end offsets of now."""
+    with Consumer({"bootstrap.servers": bootstrap}) as consumer:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for(topic)]
+    return consume_all(bootstrap, partitions, timeout)
+
+
 def wait_until(
     condition: Callable[[], bool], what: str, timeout: float = 60.0, interval: float = 0.2
 ) -> None:

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from spark.spark_util import create_topic
+from spark.spark_util import create_topic, read_topic
 from strom.cli.main import main
 from strom.cli.pipeline import default_checkpoint_dir
-from strom.client import AdminClient, Consumer, OffsetSpec, Producer, TopicPartition
+from strom.client import AdminClient, OffsetSpec, Producer, TopicPartition
 
 SENTENCES = [f"the quick brown fox {i} jumps over the lazy dog {i % 7}" for i in range(60)]
 WORDS_PIPELINE = """
@@ -106,20 +106,6 @@ def expected_shouted(sentences: list[str]) -> Counter[str]:
     return Counter(word.upper() + "!" for sentence in sentences for word in sentence.split())
 
 
-def read_values(bootstrap: str, topic: str) -> list[str]:
-    with Consumer({"bootstrap.servers": bootstrap, "enable.auto.commit": "false"}) as consumer:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for(topic)]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(partitions)
-        end = consumer.end_offsets(partitions)
-        values: list[str] = []
-        deadline = time.monotonic() + 30
-        while any(consumer.position(tp) < end[tp] for tp in partitions):
-            assert time.monotonic() < deadline
-            values += [(r.value or b"").decode() for r in consumer.poll(timeout=0.5)]
-        return values
-
-
 def status_json(strom: Strom, *args: str) -> dict[str, dict[str, Any]]:
     result = strom("pipeline", "status", *args, "--json")
     assert result.code == 0, result.err
@@ -179,7 +165,7 @@ def test_once_runs_stages_in_order_and_status_shows_progress_and_lag(
 
     result = strom("pipeline", "run", str(path), "--once", *where)
     assert result.code == 0, result.err
-    assert Counter(read_values(bootstrap, "once.shouted")) == expected_shouted(SENTENCES)
+    assert Counter([(r.value or b"").decode() for r in read_topic(bootstrap, "once.shouted")]) == expected_shouted(SENTENCES)
     # The checkpoints are beside the broker's first data folder, not inside it.
     assert (checkpoints / "once" / "split" / "strom-status.json").is_file()
     assert (checkpoints / "once" / "shout" / "offsets").is_dir()
@@ -230,7 +216,7 @@ def test_a_running_pipeline_shows_in_status_and_stops_on_sigterm(
             assert process.poll() is None, process.communicate()[1][-3000:]
             stages = status_json(strom, str(path), *where)
             done = all(s["state"] == "running" and set(s["lag"].values()) == {0} for s in stages.values())
-            shouted = Counter(read_values(bootstrap, "live.shouted"))
+            shouted = Counter([(r.value or b"").decode() for r in read_topic(bootstrap, "live.shouted")])
             return stages if done and shouted == expected_shouted(sentences) else None
 
         stages = _wait_for(lambda: caught_up(SENTENCES), timeout=120)

@@ -26,8 +26,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from brokerproc import BrokerProcess
-from spark.spark_util import create_topic
-from strom.client import AdminClient, Consumer, OffsetSpec, Producer, TopicPartition
+from spark.spark_util import create_topic, read_topic
+from strom.client import AdminClient, OffsetSpec, Producer, TopicPartition
 from strom.spark.pipeline import PipelineRunner, load_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,19 +114,8 @@ def produce_log(bootstrap: str, lines: list[str]) -> None:
             producer.send("access_log", line.encode(), key=line.split(" ", 1)[0].encode())
 
 
-def read_all(bootstrap: str, topic: str) -> list[bytes]:
-    """Every record of the topic, read up to the end offsets as they are now."""
-    with Consumer({"bootstrap.servers": bootstrap, "enable.auto.commit": "false"}) as consumer:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for(topic)]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(partitions)
-        end = consumer.end_offsets(partitions)
-        values: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while any(consumer.position(tp) < end[tp] for tp in partitions):
-            assert time.monotonic() < deadline, f"could not read {topic} to its end"
-            values += [record.value for record in consumer.poll(timeout=0.5) if record.value is not None]
-        return values
+def values(bootstrap: str, topic: str) -> list[bytes]:
+    return [record.value for record in read_topic(bootstrap, topic) if record.value is not None]
 
 
 def stats_by_window(values: list[bytes]) -> dict[float, dict[str, Any]]:
@@ -203,8 +192,8 @@ def test_weblog_pipeline_computes_every_window(
 
     expected = expected_windows(lines)
     assert len(expected) == 5
-    assert_stats_match(stats_by_window(read_all(bootstrap, "pageload_stats")), expected)
-    assert len(read_all(bootstrap, "pageloads")) == len(page_loads(lines))
+    assert_stats_match(stats_by_window(values(bootstrap, "pageload_stats")), expected)
+    assert len(values(bootstrap, "pageloads")) == len(page_loads(lines))
     assert_groups_caught_up(bootstrap)
     for stage in ("parse", "stats"):
         status = json.loads((checkpoints / "weblog" / stage / "strom-status.json").read_text())
@@ -302,7 +291,7 @@ def test_local_cluster_runs_the_weblog_pipeline_with_the_shipped_package(
         try:
             assert result.returncode == 0, result.stderr[-3000:]
             assert_stats_match(
-                stats_by_window(read_all(broker.bootstrap, "pageload_stats")), expected_windows(lines)
+                stats_by_window(values(broker.bootstrap, "pageload_stats")), expected_windows(lines)
             )
             assert_groups_caught_up(broker.bootstrap)
         finally:
