@@ -6,7 +6,9 @@ The rows: N records of SIZE random bytes (no key) in P partitions of a fresh top
 The same rows, column for column (key, value, topic, partition, offset, timestamp, timestampType),
 are written once, untimed, as Parquet files (one per partition) and as Arrow IPC files on tmpfs for
 the in-memory source (bench/spark_inmemory_source.py); a batch aggregate over the Strom topic and the
-Parquet files checks that they hold the same rows before anything is timed.
+Parquet files checks that they hold the same rows before anything is timed. The topic is also read
+by the strom source with a read() that yields tuples instead of Arrow batches
+(bench/spark_tuple_source.py), to measure what the Arrow batches gain.
 
 Each variant is a streaming query `readStream ... -> writeStream.format("noop")` with
 `trigger(availableNow=True)` and a fresh checkpoint, timed from start() to the end of
@@ -55,7 +57,7 @@ SPARK_BEGIN = "<!-- spark:begin -->"
 SPARK_END = "<!-- spark:end -->"
 PY_SPY = REPO / ".venv" / "bin" / "py-spy"
 MASTER = "local[2]"
-VARIANTS = ("strom", "in-memory", "parquet")
+VARIANTS = ("strom", "strom-tuples", "in-memory", "parquet")
 # Rows per Arrow batch of the in-memory source: about what Strom's read yields (max.poll.records
 # 10,000 in whole record batches).
 ROWS_PER_BATCH = 10_000
@@ -323,6 +325,14 @@ class Bench:
                 .option("startingOffsets", "earliest")
                 .load()
             )
+        if variant == "strom-tuples":
+            return (
+                reader.format("bench_strom_tuples")
+                .option("kafka.bootstrap.servers", self.bootstrap)
+                .option("subscribe", self.data.topic)
+                .option("startingOffsets", "earliest")
+                .load()
+            )
         if variant == "in-memory":
             return reader.format("bench_inmemory").option("path", str(self.work_dir / "arrow")).load()
         if variant == "parquet":
@@ -363,7 +373,7 @@ class Bench:
         for report in progress:
             for key, millis in report.durationMs.items():
                 durations[key] = durations.get(key, 0.0) + millis / 1000
-        if variant == "strom":
+        if variant.startswith("strom"):
             # Its last offsets' commit to the consumer group must not spill into the next run.
             register(self.spark).wait_for(query, 30)
         shutil.rmtree(checkpoint, ignore_errors=True)
@@ -566,6 +576,7 @@ def median(runs: list[Run], attribute: str) -> float:
 
 LABELS = {
     "strom": 'Strom topic (`format("strom")`)',
+    "strom-tuples": "Strom topic, `read()` yielding tuples",
     "in-memory": "Python data source, rows in memory",
     "parquet": "Parquet files (`readStream.parquet`)",
 }
@@ -627,6 +638,7 @@ def ratio_lines(results: dict[str, list[Run]]) -> list[str]:
     lines = ["| ratio of rows/s (medians) | goal | measured |", "|---|---:|---:|"]
     for base, what, goal in (
         ("in-memory", "Strom ÷ the in-memory Python data source", 0.5),
+        ("strom-tuples", "Strom (Arrow batches) ÷ Strom yielding tuples", None),
         ("parquet", "Strom ÷ Parquet", None),
     ):
         value = strom / median(results.get(base, []), "rows_per_second")
@@ -710,7 +722,9 @@ def render(
         "`SupportsTriggerAvailableNow`, one input partition per file, memory-mapped, yielding zero-copy "
         f"slices of {ROWS_PER_BATCH:,} rows, about what Strom's read yields per batch); a batch aggregate "
         "over the topic and the Parquet files (per partition: counts, offsets, sums of crc32(value), "
-        "timestamps, …) showed the same rows.",
+        "timestamps, …) showed the same rows. The Strom topic is also read by the strom source with a "
+        "`read()` that yields one Python tuple per record instead of Arrow batches "
+        "(bench/spark_tuple_source.py), to measure what building Arrow batches gains.",
         "",
         f'One SparkSession (`strom.spark.session("{MASTER}")`: UI off, warnings only, shuffle partitions '
         "4, the `strom` source and its offset-committing listener registered) for everything; its Python "
@@ -908,6 +922,7 @@ def start_spark() -> Any:
     from pyspark import cloudpickle
 
     import spark_inmemory_source
+    import spark_tuple_source
     from strom.spark import session
     from strom.spark.schema import source_schema_ddl
 
@@ -922,6 +937,8 @@ def start_spark() -> Any:
     # By value: Spark's Python processes (the streaming planner too) need not import it from bench/.
     cloudpickle.register_pickle_by_value(spark_inmemory_source)  # type: ignore[no-untyped-call]
     spark.dataSource.register(spark_inmemory_source.InMemorySource)
+    cloudpickle.register_pickle_by_value(spark_tuple_source)  # type: ignore[no-untyped-call]
+    spark.dataSource.register(spark_tuple_source.StromTupleSource)
     return spark
 
 

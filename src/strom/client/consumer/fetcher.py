@@ -608,14 +608,15 @@ class Fetcher:
         Raises the errors poll() reports: no offset with reset strategy ``none``, an offset
         out of range with it, a corrupt batch, a fetch error the consumer cannot handle.
         """
-        return self._collect(max_records, _take_records)
+        return self._collect(max_records, _take_records, _DECODE_CHUNK)
 
     def collect_batches(self, max_records: int) -> list[FetchedBatch]:
         """As ``collect``, but whole batches left undecoded, at least ``max_records`` records' worth
         when that many are buffered."""
-        return self._collect(max_records, _take_batches)
+        # Nothing is decoded here: no chunks, no pauses for the I/O thread between them.
+        return self._collect(max_records, _take_batches, max_records)
 
-    def _collect(self, max_records: int, take: _Take[T]) -> list[T]:
+    def _collect(self, max_records: int, take: _Take[T], chunk: int) -> list[T]:
         if self._pending_error is not None:
             error, self._pending_error = self._pending_error, None
             raise error
@@ -650,7 +651,7 @@ class Fetcher:
                     self._current = None
                     continue
                 try:
-                    taken, taken_count = take(records, min(max_records - count, _DECODE_CHUNK))
+                    taken, taken_count = take(records, min(max_records - count, chunk))
                 except InvalidBatchError as exc:
                     self._rewind(fetch)
                     error = KafkaException(
