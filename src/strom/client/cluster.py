@@ -10,8 +10,10 @@ from strom.network.pool import Node
 from strom.protocol.errors import ErrorCode
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class TopicPartition:
+    """A partition of a topic; ordered by topic name, then partition number."""
+
     topic: str
     partition: int
 

@@ -148,15 +148,14 @@ class OffsetCommitter(StreamingQueryListener):
         leaves = execution.logicalPlan().collectLeaves().iterator()
         while leaves.hasNext():
             leaf = leaves.next()
-            if not leaf.getClass().getSimpleName().startswith("StreamingDataSourceV2"):
+            if leaf.getClass().getSimpleName() != "StreamingDataSourceV2ScanRelation":
                 continue
-            relation = leaf.relation() if hasattr(leaf, "relation") else leaf
+            relation = leaf.relation()
             if str(relation.name()) != SOURCE_NAME:
                 continue
             options = _java_map(relation.options().asCaseSensitiveMap())
             parsed = parse_source_options(options, streaming=True)
-            group_id = parsed.group_id or _default_group(parsed.group_id_prefix, query_name, checkpoint)
-            found[str(leaf.stream().toString())] = _StromSource(parsed, group_id)
+            found[str(leaf.stream().toString())] = _StromSource(parsed, consumer_group(parsed, query_name, checkpoint))
         with self._lock:
             self._sources[run_id] = found
         return found
@@ -182,10 +181,14 @@ class OffsetCommitter(StreamingQueryListener):
             log.warning("could not commit offsets of query %s to group %s: %s", query, source.group_id, error)
 
 
-def _default_group(prefix: str, query_name: str | None, checkpoint: str) -> str:
+def consumer_group(options: SourceOptions, query_name: str | None, checkpoint: str = "") -> str:
+    """The group a query's strom source commits to: ``kafka.group.id``, else one named after the
+    query, else after its checkpoint location (stable across restarts either way)."""
+    if options.group_id:
+        return options.group_id
     if query_name:
-        return f"{prefix}-{query_name}"
-    return f"{prefix}-{hashlib.sha256(checkpoint.encode()).hexdigest()[:16]}"
+        return f"{options.group_id_prefix}-{query_name}"
+    return f"{options.group_id_prefix}-{hashlib.sha256(checkpoint.encode()).hexdigest()[:16]}"
 
 
 def _java_map(jmap: Any) -> dict[str, str]:

@@ -81,7 +81,7 @@ class OffsetReader:
         Partitions a specific-offsets spec does not name start at the earliest offset
         (end at the latest), as in Spark's connector.
         """
-        wanted = sorted(set(partitions), key=lambda tp: (tp.topic, tp.partition))
+        wanted = sorted(set(partitions))
         if limit.kind == "earliest":
             return self.earliest(wanted)
         if limit.kind == "latest":

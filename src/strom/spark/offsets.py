@@ -33,7 +33,7 @@ class OffsetsFormatError(ValueError):
 def to_json_dict(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
     """The checkpoint form, in the stable key order."""
     out: dict[str, dict[str, int]] = {}
-    for tp in sorted(offsets, key=lambda tp: (tp.topic, tp.partition)):
+    for tp in sorted(offsets):
         out.setdefault(tp.topic, {})[str(tp.partition)] = offsets[tp]
     return out
 
@@ -73,10 +73,7 @@ def assignment_from_json(text: str) -> list[TopicPartition]:
         for parts in value.values()
     ):
         raise OffsetsFormatError(f'option "assign" must be like {{"topicA": [0, 1], "topicB": [2]}}, got {text!r}')
-    return sorted(
-        {TopicPartition(topic, p) for topic, parts in value.items() for p in parts},
-        key=lambda tp: (tp.topic, tp.partition),
-    )
+    return sorted({TopicPartition(topic, p) for topic, parts in value.items() for p in parts})
 
 
 @dataclass(frozen=True)
@@ -105,25 +102,12 @@ class OffsetRangeLimit:
 
     @classmethod
     def specific(cls, offsets: Mapping[TopicPartition, int]) -> OffsetRangeLimit:
-        return cls("offsets", offsets=_sorted_items(offsets))
+        return cls("offsets", offsets=tuple(sorted(offsets.items())))
 
     @classmethod
     def by_timestamp(cls, timestamps: Mapping[TopicPartition, int], strategy: str) -> OffsetRangeLimit:
-        return cls("timestamps", timestamps=_sorted_items(timestamps), strategy=strategy)
+        return cls("timestamps", timestamps=tuple(sorted(timestamps.items())), strategy=strategy)
 
     @classmethod
     def global_timestamp(cls, timestamp: int, strategy: str) -> OffsetRangeLimit:
         return cls("timestamp", timestamp=timestamp, strategy=strategy)
-
-    def describe(self) -> str:
-        if self.kind in ("earliest", "latest"):
-            return self.kind
-        if self.kind == "offsets":
-            return json.dumps(to_json_dict(dict(self.offsets)))
-        if self.kind == "timestamps":
-            return "timestamps " + json.dumps(to_json_dict(dict(self.timestamps)))
-        return f"timestamp {self.timestamp}"
-
-
-def _sorted_items(values: Mapping[TopicPartition, int]) -> tuple[tuple[TopicPartition, int], ...]:
-    return tuple(sorted(values.items(), key=lambda item: (item[0].topic, item[0].partition)))

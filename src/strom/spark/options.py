@@ -10,11 +10,9 @@ case-insensitively; keys here are compared in lower case.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from strom.client.cluster import TopicPartition
 from strom.client.config import ADMIN, CONSUMER, PRODUCER
@@ -78,24 +76,15 @@ class OptionError(ValueError):
 class Subscribe:
     topics: tuple[str, ...]
 
-    def describe(self) -> str:
-        return f"Subscribe[{','.join(self.topics)}]"
-
 
 @dataclass(frozen=True)
 class SubscribePattern:
     pattern: str
 
-    def describe(self) -> str:
-        return f"SubscribePattern[{self.pattern}]"
-
 
 @dataclass(frozen=True)
 class Assign:
     partitions: tuple[TopicPartition, ...]
-
-    def describe(self) -> str:
-        return f"Assign[{','.join(map(str, self.partitions))}]"
 
 
 Strategy = Subscribe | SubscribePattern | Assign
@@ -353,10 +342,3 @@ def _duration_ms(value: str | None, default: int) -> int:
     if not match:
         raise OptionError(f"option 'maxTriggerDelay' must be a duration like '15m', '30s' or '500ms', got {value!r}")
     return int(match.group(1)) * _UNIT_MS[(match.group(2) or "ms").lower()]
-
-
-def options_json(options: Mapping[str, Any]) -> str:
-    """The options with secrets masked, for log lines and errors."""
-    return json.dumps(
-        {k: ("***" if "password" in k.lower() or "secret" in k.lower() else v) for k, v in sorted(options.items())}
-    )

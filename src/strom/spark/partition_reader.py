@@ -46,15 +46,14 @@ class DataLossError(RuntimeError):
 def data_loss_message(tp: TopicPartition, lost_from: int, lost_until: int, cause: str) -> str:
     return (
         f"Data loss in {tp}: offsets {lost_from} to {lost_until - 1} are no longer available ({cause}) "
-        "and the query had not read them. Set the source option failOnDataLoss to false to skip lost "
-        "offsets and go on."
+        "and the query had not read them."
     )
 
 
 def report_data_loss(fail: bool, message: str) -> None:
     if fail:
-        raise DataLossError(message)
-    log.warning("%s Skipped (failOnDataLoss=false).", message.split(" Set the source option")[0])
+        raise DataLossError(f"{message} Set the source option failOnDataLoss to false to skip lost offsets and go on.")
+    log.warning("%s Skipped (failOnDataLoss=false).", message)
 
 
 @dataclass(frozen=True)

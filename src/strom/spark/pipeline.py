@@ -51,7 +51,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from strom.client.admin import AdminClient, OffsetSpec
 from strom.client.cluster import TopicPartition
 from strom.client.errors import KafkaException, KafkaTimeoutError
-from strom.spark.committer import OffsetCommitter
+from strom.spark.committer import OffsetCommitter, consumer_group
 from strom.spark.options import (
     Assign,
     OptionError,
@@ -299,8 +299,7 @@ def stage_checkpoint(checkpoint_dir: Path, pipeline: Pipeline, stage: Stage) -> 
 
 def group_id(pipeline: Pipeline, stage: Stage) -> str:
     """The consumer group the committer commits the stage's finished batches to."""
-    options = parse_source_options(stage.reader_options("-"), streaming=True)
-    return options.group_id or f"{options.group_id_prefix}-{pipeline.query_name(stage)}"
+    return consumer_group(parse_source_options(stage.reader_options("-"), streaming=True), pipeline.query_name(stage))
 
 
 def _utc_now() -> str:

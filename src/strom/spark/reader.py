@@ -58,7 +58,7 @@ def plan_partitions(
     one, at most one per offset), so there are at least ``minPartitions`` when there are
     that many offsets; offsets stay in order within each range.
     """
-    sized = [(tp, start, end) for tp, (start, end) in sorted(ranges.items(), key=_tp_order) if end > start]
+    sized = [(tp, start, end) for tp, (start, end) in sorted(ranges.items()) if end > start]
     wanted = options.min_partitions or 0
     pieces = dict.fromkeys((tp for tp, _, _ in sized), 1)
     if wanted > len(sized):
@@ -88,10 +88,6 @@ def _range(options: SourceOptions, tp: TopicPartition, start: int, end: int) -> 
         fail_on_data_loss=options.fail_on_data_loss,
         poll_timeout_ms=options.poll_timeout_ms,
     )
-
-
-def _tp_order(item: tuple[TopicPartition, Any]) -> tuple[str, int]:
-    return item[0].topic, item[0].partition
 
 
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -210,7 +206,7 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = from_json_dict(start, "start offset")
         until = from_json_dict(end, "end offset")
         fail = self.options.fail_on_data_loss
-        for tp in sorted(set(begin) - set(until), key=lambda tp: (tp.topic, tp.partition)):
+        for tp in sorted(set(begin) - set(until)):
             report_data_loss(fail, data_loss_message(tp, begin[tp], begin[tp] + 1, "the partition is gone"))
         new = [tp for tp in until if tp not in begin]
         if new:
@@ -246,7 +242,7 @@ def _apportion(backlog: Mapping[TopicPartition, int], limit: int) -> dict[TopicP
     total = sum(backlog.values())
     shares = {tp: size * limit // total for tp, size in backlog.items()}
     leftover = limit - sum(shares.values())
-    by_remainder = sorted(backlog, key=lambda tp: (-(backlog[tp] * limit % total), tp.topic, tp.partition))
+    by_remainder = sorted(backlog, key=lambda tp: (-(backlog[tp] * limit % total), tp))
     for tp in by_remainder[:leftover]:
         shares[tp] += 1
     return shares

@@ -126,7 +126,9 @@ def _bytes_column(batch: pa.RecordBatch, name: str) -> list[bytes | None]:
     return column.to_pylist()  # type: ignore[no-any-return]
 
 
-class StromBatchWriter(DataSourceArrowWriter):
+class _RecordWriter:
+    """What both writers do in a task: ``write_batches`` with the sink's options."""
+
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
 
@@ -134,12 +136,10 @@ class StromBatchWriter(DataSourceArrowWriter):
         return write_batches(self.options, iterator)
 
 
-class StromStreamWriter(DataSourceStreamArrowWriter):
+class StromBatchWriter(_RecordWriter, DataSourceArrowWriter):
+    """``df.write``: each task's rows, flushed before the task succeeds."""
+
+
+class StromStreamWriter(_RecordWriter, DataSourceStreamArrowWriter):
     """Each micro-batch's tasks flush before they finish, so Spark's batch commit and abort
     (no-ops) have nothing to add until the sink writes transactionally."""
-
-    def __init__(self, options: SinkOptions) -> None:
-        self.options = options
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StromCommitMessage:
-        return write_batches(self.options, iterator)

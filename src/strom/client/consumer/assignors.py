@@ -159,10 +159,7 @@ class CooperativeStickyAssignor(ConsumerPartitionAssignor):
         _balance(assignment, eligible, rank)
         # Cooperative: a partition changing owners is held back until its owner revoked it.
         return {
-            member: sorted(
-                (tp for tp in partitions if previous_owner.get(tp, member) == member),
-                key=lambda tp: (tp.topic, tp.partition),
-            )
+            member: sorted(tp for tp in partitions if previous_owner.get(tp, member) == member)
             for member, partitions in assignment.items()
         }
 

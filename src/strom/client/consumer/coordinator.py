@@ -290,7 +290,7 @@ class ConsumerCoordinator:
             Subscription(
                 topics=tuple(sorted(topics)),
                 user_data=assignor.subscription_user_data(topics),
-                owned_partitions=tuple(sorted(self.subscriptions.assigned_partitions(), key=_tp_order)),
+                owned_partitions=tuple(sorted(self.subscriptions.assigned_partitions())),
                 generation_id=self.generation.generation_id,
                 rack_id=self.rack_id,
             )
@@ -850,7 +850,7 @@ class ConsumerCoordinator:
     ) -> dict[TopicPartition, OffsetAndMetadata | None]:
         await self.ensure_coordinator_ready(deadline)
         by_topic: dict[str, list[int]] = {}
-        for tp in sorted(partitions, key=_tp_order):
+        for tp in sorted(partitions):
             by_topic.setdefault(tp.topic, []).append(tp.partition)
 
         def build_fetch(connection: BrokerConnection) -> Any:
@@ -910,8 +910,6 @@ class ConsumerCoordinator:
         return found
 
 
-def _tp_order(tp: TopicPartition) -> tuple[str, int]:
-    return (tp.topic, tp.partition)
 
 
 def _partition_counts(cluster: Cluster, topics: Iterable[str]) -> dict[str, int]:
