@@ -13,6 +13,7 @@ earliest offset, so nothing written to them is missed.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -148,7 +149,7 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.offsets = OffsetReader(options)
         self._available_now: PartitionOffsets | None = None
         # maxTriggerDelay counts from the last batch minOffsetsPerTrigger let through; the first never waits.
-        self._last_trigger = 0.0
+        self._last_trigger: float | None = None
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -191,7 +192,10 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         minimum = self.options.min_offsets_per_trigger
         if minimum is not None and self._available_now is None:
             now = time.monotonic()
-            if total < minimum and (now - self._last_trigger) * 1000 < self.options.max_trigger_delay_ms:
+            # monotonic() counts from boot, so "never" cannot be 0.0: on a machine booted minutes
+            # ago that would make the first trigger wait for maxTriggerDelay.
+            waited_ms = math.inf if self._last_trigger is None else (now - self._last_trigger) * 1000
+            if total < minimum and waited_ms < self.options.max_trigger_delay_ms:
                 # Not enough new records yet and not waited long enough: no batch this trigger.
                 return {tp: begin.get(tp, offset) for tp, offset in end.items()}
             self._last_trigger = now

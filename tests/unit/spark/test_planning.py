@@ -118,7 +118,9 @@ def test_latest_offset_applies_max_offsets_per_trigger() -> None:
     assert from_json_dict(stream.latestOffset(start, ReadAllAvailable())) == {A0: 300, A1: 100}
 
 
-def test_min_offsets_per_trigger_waits_up_to_max_trigger_delay() -> None:
+def test_min_offsets_per_trigger_waits_up_to_max_trigger_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A machine booted a minute ago: monotonic() is far below maxTriggerDelay.
+    monkeypatch.setattr("strom.spark.reader.time.monotonic", lambda: 60.0)
     offsets = ScriptedOffsets()
     offsets.log_end = {A0: 10}
     stream = reader(offsets, minOffsetsPerTrigger="50", maxTriggerDelay="1h")
@@ -130,6 +132,7 @@ def test_min_offsets_per_trigger_waits_up_to_max_trigger_delay() -> None:
     assert from_json_dict(stream.latestOffset(to_json_dict({A0: 10}), ReadMinRows(50))) == {A0: 10}
     offsets.log_end = {A0: 60}
     assert from_json_dict(stream.latestOffset(to_json_dict({A0: 10}), ReadMinRows(50))) == {A0: 60}
+    monkeypatch.undo()
     impatient = reader(offsets, minOffsetsPerTrigger="50", maxTriggerDelay="0ms")
     impatient.latestOffset(to_json_dict({A0: 0}), ReadMinRows(50))
     assert from_json_dict(impatient.latestOffset(to_json_dict({A0: 59}), ReadMinRows(50))) == {A0: 60}
