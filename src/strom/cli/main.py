@@ -149,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level or ("INFO" if args.command == "serve" else "WARNING"))
     if args.command == "serve":
         return serve(args)
-    return run_command(args)
+    # SIGTERM ends a client command as Ctrl-C does: a group consumer commits what it printed and
+    # leaves its group at once, instead of lingering as a member until its session times out.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return run_command(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
