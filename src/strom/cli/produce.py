@@ -14,6 +14,7 @@ from strom.cli.common import (
     CliError,
     Subparsers,
     add_connection_options,
+    add_either,
     add_parser,
     client_config,
     non_negative_int,
@@ -42,7 +43,7 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "  printf 'user1:signed up\\nuser2:logged in\\n' | strom produce events --key-separator : "
         "--header source=cli",
     )
-    parser.add_argument("topic", help="the topic")
+    add_either(parser, "topic", help="the topic")
     parser.add_argument("--file", type=Path, metavar="PATH", help="read lines from PATH instead of stdin")
     parser.add_argument("--key-separator", metavar="SEP", help="split each line into key SEP value")
     parser.add_argument(
