@@ -256,6 +256,15 @@ def test_configs_describe_and_alter(strom: Strom, admin: AdminClient) -> None:
         strom("configs", "alter", *entity, "--add-config", "retention.ms=soon"), "INVALID_CONFIG"
     )
     assert_one_line_error(strom("configs", "alter", *entity), "nothing to change", code=2)
+    # kafka-configs' shorthand.
+    assert strom("configs", "describe", "--topic", name).out == strom("configs", "describe", *entity).out
+    shorthand = strom("configs", "alter", "--topic", name, "--delete-config", "max.message.bytes")
+    assert shorthand.out == f"Completed updating config for topic {name}.\n"
+    assert "max.message.bytes" not in strom("configs", "describe", "--topic", name).out
+    assert_one_line_error(
+        strom("configs", "describe", "--topic", name, "--entity-type", "topics"), "give one of", code=2
+    )
+    assert_one_line_error(strom("configs", "describe"), "give --entity-type", code=2)
 
     node = admin.describe_cluster().nodes[0].node_id
     assert (
@@ -264,6 +273,7 @@ def test_configs_describe_and_alter(strom: Strom, admin: AdminClient) -> None:
     )
     brokers = strom("configs", "describe", "--entity-type", "brokers", "--all")
     assert brokers.out.startswith(f"All configs for broker {node}:\n")
+    assert strom("configs", "describe", "--broker", str(node), "--all").out == brokers.out
     assert (
         "  group.initial.rebalance.delay.ms=0  (STATIC_BROKER_CONFIG read-only)" in brokers.out.splitlines()
     )

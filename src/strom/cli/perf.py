@@ -48,7 +48,7 @@ PERCENTILES = (50.0, 95.0, 99.0, 99.9)
 
 
 def _fail(message: str, status: int = 1) -> int:
-    print(f"strom perf: {message}", file=sys.stderr)
+    print(f"strom perf: error: {message}", file=sys.stderr)
     return status
 
 
