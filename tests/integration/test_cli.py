@@ -543,6 +543,18 @@ def test_consume_with_group_commits_what_it_printed(
     )
 
 
+def test_produce_failure_explains_the_error_code(strom: Strom, admin: AdminClient) -> None:
+    name = unique("cli-small")
+    admin.create_topics([NewTopic(name, 1, 1, {"max.message.bytes": "200"})])
+    result = strom("produce", name, stdin=b"x" * 500 + b"\n")
+    assert_one_line_error(
+        result,
+        "strom produce: error: 1 of 1 records were not written: ",
+        "MESSAGE_TOO_LARGE",
+        ": a record batch is larger than the topic's max.message.bytes",
+    )
+
+
 def test_consume_exit_at_end(strom: Strom, admin: AdminClient, bootstrap: str) -> None:
     """-e stops at the end of every partition (an empty one included), alone or in a group."""
     name = unique("cli-end")

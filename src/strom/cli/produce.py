@@ -19,7 +19,9 @@ from strom.cli.common import (
     client_config,
     non_negative_int,
 )
+from strom.cli.error_text import explain
 from strom.client.config import PRODUCER
+from strom.client.errors import KafkaException
 from strom.client.producer import Producer, RecordMetadata
 
 
@@ -121,5 +123,7 @@ def _run(args: argparse.Namespace) -> int:
                 break
         producer.flush()
     if failures:
-        raise CliError(f"{len(failures)} of {sent} records were not written: {failures[0]}")
+        first = failures[0]
+        reason = explain(first) if isinstance(first, KafkaException) else str(first)
+        raise CliError(f"{len(failures)} of {sent} records were not written: {reason}")
     return 0
