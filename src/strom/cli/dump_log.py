@@ -619,8 +619,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "every batch (offsets, position, size, CRC check, codec, timestamps, producer id/epoch/sequence, "
             "transactional and control flags with the marker type); for .index and .timeindex files their "
             "entries, each checked against the segment's .log; for .snapshot files the producer state. "
-            "Files are only read. Exits with 1 if a file cannot be read or shows a problem (bytes that are "
-            "not whole batches, a CRC mismatch, an index entry that does not match the log)."
+            "Files are only read, so a running broker's directory can be dumped: the unused, zero-filled "
+            "slots at the end of an open segment's indexes are not entries. Exits with 1 if a path does not "
+            "exist, a file cannot be read or a file shows a problem (bytes that are not whole batches, a CRC "
+            "mismatch, an index entry that does not match the log)."
         ),
     )
     parser.add_argument(
