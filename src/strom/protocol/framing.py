@@ -1,6 +1,7 @@
 """Kafka framing and request/response headers (sans-I/O: bytes in, bytes out), for both ends.
 
-A frame is a 4-byte big-endian size followed by that many bytes. Requests start
+A frame is a 4-byte big-endian size followed by that many bytes; ``FrameDecoder`` cuts
+frames from a byte stream for the broker's and the client's connections alike. Requests start
 with header v1 (api key, version, correlation id, legacy nullable client id) or,
 for flexible versions, header v2 (v1 plus tagged fields). Responses start with
 header v0 (correlation id) or, for flexible versions, v1 (plus tagged fields) --
@@ -27,6 +28,80 @@ _I16 = struct.Struct(">h")
 
 class ProtocolError(Exception):
     """The bytes on a connection are not a valid Kafka request: the connection is closed."""
+
+
+class FrameSizeError(ProtocolError):
+    """A frame announced a size below the minimum or above the maximum of its connection."""
+
+    def __init__(self, size: int, min_size: int, max_size: int) -> None:
+        super().__init__(f"frame size {size} outside [{min_size}, {max_size}]")
+        self.size = size
+
+
+class FrameDecoder:
+    """Cuts size-prefixed frames out of a byte stream, holding only the bytes that arrived.
+
+    A size prefix is checked against ``[min_size, max_size]`` as soon as its four bytes are
+    in; nothing is allocated for it. A frame that lies whole inside one received chunk is
+    returned as a view of that chunk (no copy); one spread over several chunks grows a
+    buffer chunk by chunk, so a peer that announces 100 MiB and sends nothing costs
+    four bytes, not 100 MiB. Frames come out as read-only views (what kio decodes).
+    """
+
+    __slots__ = ("_max", "_min", "_head", "_size", "_partial")
+
+    def __init__(self, max_size: int, min_size: int = 0) -> None:
+        self._max = max_size
+        self._min = min_size
+        self._head = bytearray()  # the size prefix, while fewer than 4 bytes of it arrived
+        self._size = -1  # the size of the frame being received, -1 between frames
+        self._partial = bytearray()  # the frame's bytes so far, when it spans chunks
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for the frame being received (its prefix included)."""
+        return len(self._head) + len(self._partial) + (4 if self._size >= 0 else 0)
+
+    @property
+    def mid_frame(self) -> bool:
+        return self._size >= 0 or bool(self._head)
+
+    def feed(self, data: bytes) -> list[memoryview]:
+        """The frames completed by ``data``; raises FrameSizeError on a size out of bounds."""
+        frames: list[memoryview] = []
+        view = memoryview(data).toreadonly()
+        pos, end = 0, len(view)
+        while pos < end:
+            size = self._size
+            if size < 0:
+                head = self._head
+                if not head and end - pos >= 4:
+                    (size,) = SIZE.unpack_from(view, pos)
+                    pos += 4
+                else:
+                    taken = min(4 - len(head), end - pos)
+                    head += view[pos : pos + taken]
+                    pos += taken
+                    if len(head) < 4:
+                        break
+                    (size,) = SIZE.unpack(head)
+                    head.clear()
+                if not self._min <= size <= self._max:
+                    raise FrameSizeError(size, self._min, self._max)
+                if end - pos >= size:  # the whole frame is in this chunk: a view, no copy
+                    frames.append(view[pos : pos + size])
+                    pos += size
+                    continue
+                self._size = size
+            partial = self._partial
+            taken = min(size - len(partial), end - pos)
+            partial += view[pos : pos + taken]
+            pos += taken
+            if len(partial) == size:
+                frames.append(memoryview(partial).toreadonly())
+                self._partial = bytearray()
+                self._size = -1
+        return frames
 
 
 @dataclass(frozen=True, slots=True)
