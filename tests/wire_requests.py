@@ -99,3 +99,24 @@ def request_frame(api_key: int, version: int, correlation_id: int, body: bytes, 
         header += b"\0"
     payload = header + body
     return struct.pack(">i", len(payload)) + payload
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def set_prefix(body: bytes, offset: int, encoding: str, value: int) -> bytes:
+    """``body`` with the length prefix at ``offset`` replaced by ``value`` (wrapped to the prefix's width)."""
+    if encoding == "varint":
+        end = offset
+        while body[end] & 0x80:
+            end += 1
+        return body[:offset] + _uvarint(value & 0xFFFFFFFF) + body[end + 1 :]
+    width = 2 if encoding == "int16" else 4
+    raw = (value & ((1 << (8 * width)) - 1)).to_bytes(width, "big")
+    return body[:offset] + raw + body[offset + width :]

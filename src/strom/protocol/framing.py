@@ -19,15 +19,28 @@ from typing import Any
 from kio.serial import entity_reader, entity_writer
 
 from strom.protocol.apis import ApiKey, is_flexible, response_entity
-from strom.protocol.errors import ErrorCode
+from strom.protocol.errors import ErrorCode, ProtocolError
+from strom.protocol.guard import check_body
+
+__all__ = [
+    "SIZE",
+    "FrameDecoder",
+    "FrameSizeError",
+    "ProtocolError",
+    "RequestHeader",
+    "decode_body",
+    "decode_response",
+    "encode_request",
+    "encode_response",
+    "parse_request_header",
+    "peek_api",
+    "response_correlation_id",
+    "skip_tagged_fields",
+]
 
 SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
-
-
-class ProtocolError(Exception):
-    """The bytes on a connection are not a valid Kafka request: the connection is closed."""
 
 
 class FrameSizeError(ProtocolError):
@@ -168,7 +181,12 @@ def parse_request_header(frame: memoryview) -> tuple[RequestHeader, int]:
 
 
 def decode_body(entity_type: type[Any], frame: memoryview, offset: int) -> Any:
-    """Decode a request body with kio; bytes after the body are tolerated, as Kafka does."""
+    """Decode a request body with kio; bytes after the body are tolerated, as Kafka does.
+
+    The body is walked first (``strom.protocol.guard``): no length read from the wire can
+    make kio allocate more than the frame holds.
+    """
+    check_body(entity_type, frame, offset)
     try:
         value, _size = entity_reader(entity_type)(frame, offset)
     except Exception as exc:  # kio raises a variety of errors for malformed input
@@ -235,8 +253,10 @@ def decode_response(frame: bytes | memoryview, api_key: int, api_version: int) -
             api_version = 0
     elif flexible:
         offset = skip_tagged_fields(memoryview(frame), offset)
+    entity_type = response_entity(api_key, api_version)
+    check_body(entity_type, memoryview(frame), offset)
     try:
-        value, _size = entity_reader(response_entity(api_key, api_version))(frame, offset)
+        value, _size = entity_reader(entity_type)(frame, offset)
     except Exception as exc:  # kio raises a variety of errors for malformed input
         raise ProtocolError(f"malformed response to api {api_key} v{api_version}: {exc}") from exc
     return value

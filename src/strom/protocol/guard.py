@@ -28,7 +28,7 @@ from typing import Any, Union, get_args, get_origin
 from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveTupleField, classify_field, is_optional
 
 from strom.protocol.apis import request_entity
-from strom.protocol.framing import ProtocolError
+from strom.protocol.errors import ProtocolError
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -238,12 +238,12 @@ def request_plan(api_key: int, version: int) -> _Plan:
     return _plan(request_entity(api_key, version))
 
 
-def check_request_body(api_key: int, version: int, frame: memoryview, offset: int) -> int:
-    """Walk a request body; raises ProtocolError unless kio can decode it without over-allocating.
+def check_body(entity_type: type[Any], frame: memoryview, offset: int) -> int:
+    """Walk an entity's encoding; raises ProtocolError unless kio can decode it without over-allocating.
 
     Returns the offset where the body ends (bytes after it are tolerated, as Kafka does).
     """
-    return _walk(request_plan(api_key, version), frame, offset, len(frame), None)
+    return _walk(_plan(entity_type), frame, offset, len(frame), None)
 
 
 def length_prefixes(api_key: int, version: int, body: bytes) -> Prefixes:
