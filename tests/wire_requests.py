@@ -92,7 +92,9 @@ def encode_body(request: Any) -> bytes:
     return buf.getvalue()
 
 
-def request_frame(api_key: int, version: int, correlation_id: int, body: bytes, client_id: bytes = b"fuzz") -> bytes:
+def request_frame(
+    api_key: int, version: int, correlation_id: int, body: bytes, client_id: bytes = b"fuzz"
+) -> bytes:
     """A whole request frame (size prefix, header v1 or v2, ``body``)."""
     header = struct.pack(">hhih", api_key, version, correlation_id, len(client_id)) + client_id
     if is_flexible(api_key, version):

@@ -33,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
@@ -214,7 +213,14 @@ class Canary:
 
     def __init__(self, bootstrap: str) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", CANARY_SCRIPT, str(Path(__file__).resolve().parents[1]), bootstrap, CANARY_TOPIC],
+            [
+                sys.executable,
+                "-c",
+                CANARY_SCRIPT,
+                str(Path(__file__).resolve().parents[1]),
+                bootstrap,
+                CANARY_TOPIC,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -301,7 +307,9 @@ def test_the_broker_survives_hostile_bytes(broker: BrokerProcess) -> None:
     try:
         held, closed_100m = hold_size_prefixes(broker.port, 100 << 20, 50)
         held2, closed_2g = hold_size_prefixes(broker.port, 2 << 30, 50)
-        outcomes["size-prefix-100MiB"] = Counter({"held open (waiting)": 50 - closed_100m, "closed": closed_100m})
+        outcomes["size-prefix-100MiB"] = Counter(
+            {"held open (waiting)": 50 - closed_100m, "closed": closed_100m}
+        )
         outcomes["size-prefix-2GiB"] = Counter({"closed": closed_2g, "held open": 50 - closed_2g})
         rss_peak = max(rss_peak, vm_rss_mib(broker.pid))
 
@@ -326,7 +334,9 @@ def test_the_broker_survives_hostile_bytes(broker: BrokerProcess) -> None:
         canary.stop()
     elapsed = time.monotonic() - started
     total = sum(sum(c.values()) for c in outcomes.values())
-    print(f"\n{total} hostile cases in {elapsed:.1f}s; canary: {canary.rounds} rounds, slowest {canary.slowest * 1000:.0f} ms")
+    print(
+        f"\n{total} hostile cases in {elapsed:.1f}s; canary: {canary.rounds} rounds, slowest {canary.slowest * 1000:.0f} ms"
+    )
     print(f"broker RSS {rss_before:.0f} MiB before, {rss_peak:.0f} MiB peak")
     for kind, counter in outcomes.items():
         print(f"  {kind:20} " + ", ".join(f"{k}={v}" for k, v in counter.most_common()))
@@ -338,7 +348,9 @@ def test_the_broker_survives_hostile_bytes(broker: BrokerProcess) -> None:
     assert rss_peak - rss_before < RSS_GROWTH_BOUND_MIB
     assert outcomes["size-prefix-2GiB"]["closed"] == 50
     assert outcomes["slowloris"]["answered"] == 50
-    assert not any(k.startswith("connect-failed") or k == "no-answer" for c in outcomes.values() for k in c), outcomes
+    assert not any(
+        k.startswith("connect-failed") or k == "no-answer" for c in outcomes.values() for k in c
+    ), outcomes
     with KafkaWire.connect(broker.bootstrap) as wire:  # alive and serving
         assert wire.list_offset(CANARY_TOPIC, LATEST) >= canary.rounds
     log = broker.log_path.read_text(errors="replace")

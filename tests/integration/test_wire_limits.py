@@ -3,13 +3,13 @@ the per-request partition cap, InitProducerId and null arrays."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import struct
 import time
 from pathlib import Path
 
-import pytest
 from kio.schema.create_partitions.v3 import request as create_partitions3
 from kio.schema.create_topics.v7 import request as create_topics7
 from kio.schema.errors import ErrorCode
@@ -73,7 +73,9 @@ def test_create_partitions_beyond_the_cap_is_refused(broker: BrokerProcess) -> N
         assert wire.create_topic("grows", partitions=1) == ErrorCode.none
         response = wire.request(
             create_partitions3.CreatePartitionsRequest(
-                topics=(create_partitions3.CreatePartitionsTopic(name="grows", count=2**31 - 1, assignments=None),),
+                topics=(
+                    create_partitions3.CreatePartitionsTopic(name="grows", count=2**31 - 1, assignments=None),
+                ),
                 timeout=REQUEST_TIMEOUT,
                 validate_only=False,
             )
@@ -189,10 +191,8 @@ def test_request_memory_is_bounded_by_bytes_and_frees_when_senders_go(broker: Br
     while time.monotonic() < deadline and min(sent) < (3 << 19):
         for i, sock in enumerate(senders):
             if sent[i] < (3 << 19):
-                try:
+                with contextlib.suppress(BlockingIOError):
                     sent[i] += sock.send(chunk)
-                except BlockingIOError:
-                    pass
         time.sleep(0.01)
     grown = vm_rss_kib(broker.pid) - before
     # The broker stopped reading near the bound; what it holds is within the bound plus slack.

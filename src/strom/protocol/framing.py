@@ -61,7 +61,7 @@ class FrameDecoder:
     four bytes, not 100 MiB. Frames come out as read-only views (what kio decodes).
     """
 
-    __slots__ = ("_max", "_min", "_head", "_size", "_partial")
+    __slots__ = ("_head", "_max", "_min", "_partial", "_size")
 
     def __init__(self, max_size: int, min_size: int = 0) -> None:
         self._max = max_size

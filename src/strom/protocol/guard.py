@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from functools import cache
 from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin
 
-from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveTupleField, classify_field, is_optional
+from kio.serial._introspect import (
+    EntityField,
+    EntityTupleField,
+    PrimitiveTupleField,
+    classify_field,
+    is_optional,
+)
 
 from strom.protocol.apis import request_entity
 from strom.protocol.errors import ProtocolError
@@ -90,6 +95,8 @@ def _length(
     if out is not None:
         out.append((pos, "varint" if flexible else "int32" if wide else "int16"))
     if flexible:
+        if pos < end and buf[pos] < 0x80:  # the usual one-byte varint
+            return buf[pos] - 1, pos + 1
         value, pos = _uvarint(buf, pos, end)
         return value - 1, pos
     size = 4 if wide else 2
@@ -114,7 +121,7 @@ def _walk_step(step: Step, flexible: bool, buf: memoryview, pos: int, end: int, 
         if length == -1 and nullable:
             return pos
         raise ProtocolError(f"{name}: {'null' if length == -1 else 'negative'} length {length}")
-    if kind == _STRING or kind == _BYTES:
+    if kind in (_STRING, _BYTES):
         pos += length
         if pos > end:
             raise ProtocolError(f"{name}: length {length} exceeds the {end - pos + length} bytes left")
@@ -141,8 +148,15 @@ def _walk_step(step: Step, flexible: bool, buf: memoryview, pos: int, end: int, 
 def _walk(plan: _Plan, buf: memoryview, pos: int, end: int, out: Prefixes | None) -> int:
     flexible = plan.flexible
     for step in plan.steps:
-        pos = _walk_step(step, flexible, buf, pos, end, out)
+        if step[0] == _FIXED:
+            pos += step[3]
+            if pos > end:
+                raise ProtocolError(f"{step[1]}: truncated")
+        else:
+            pos = _walk_step(step, flexible, buf, pos, end, out)
     if flexible:
+        if out is None and pos < end and buf[pos] == 0:  # no tagged fields, the usual case
+            return pos + 1
         if out is not None:
             out.append((pos, "varint"))
         count, pos = _uvarint(buf, pos, end)
@@ -155,9 +169,9 @@ def _walk(plan: _Plan, buf: memoryview, pos: int, end: int, out: Prefixes | None
             size, pos = _uvarint(buf, pos, end)
             if size > end - pos:
                 raise ProtocolError(f"tagged field {tag}: size {size} exceeds the {end - pos} bytes left")
-            step = plan.tags.get(tag)
-            if step is not None:
-                _walk_step(step, flexible, buf, pos, pos + size, out)
+            tagged = plan.tags.get(tag)
+            if tagged is not None:
+                _walk_step(tagged, flexible, buf, pos, pos + size, out)
             pos += size
     return pos
 
@@ -215,8 +229,17 @@ def _is_union_with_none(annotation: Any) -> bool:
     return get_origin(annotation) in (Union, UnionType) and NoneType in get_args(annotation)
 
 
-@cache
+_PLANS: dict[type[Any], _Plan] = {}
+
+
 def _plan(entity_type: type[Any]) -> _Plan:
+    plan = _PLANS.get(entity_type)
+    if plan is None:
+        plan = _PLANS[entity_type] = _compile(entity_type)
+    return plan
+
+
+def _compile(entity_type: type[Any]) -> _Plan:
     flexible = bool(entity_type.__flexible__)
     steps: list[Step] = []
     tags: dict[int, Step] = {}

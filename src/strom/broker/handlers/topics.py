@@ -18,7 +18,6 @@ from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import ZERO_UUID, build
 from strom.storage.log_config import InvalidConfigError, LogConfig, describe_topic_config
 
-
 MAX_PARTITIONS_PER_REQUEST = 10_000
 
 
