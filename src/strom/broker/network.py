@@ -86,7 +86,9 @@ class RequestMemory:
             return
         if any(c.answerable_bytes for c in connections):
             return  # a response will release memory
-        furthest = max(self._waiting, key=lambda c: c.partial_bytes)
+        furthest = max(connections, key=lambda c: c.partial_bytes, default=None)
+        if furthest is None or not furthest.partial_bytes:
+            return
         self._waiting.discard(furthest)
         self._exempt = furthest
         furthest.update_reading()
@@ -261,15 +263,17 @@ class KafkaConnection(asyncio.Protocol):
         nbytes = min(nbytes, self._held)
         self._held -= nbytes
         self._memory.release(nbytes)
+        if self._memory.exhausted:  # still: perhaps nothing but partial requests hold it now
+            self._memory.ensure_progress(self._limits.connections)
 
     def _release_all(self) -> None:
         self._queue.clear()
         self._memory.forget(self)
-        self._release(self._held)
         if self._ip is not None:
             self._limits.connections.discard(self)
             self._limits.quotas.release(self._ip)
             self._ip = None
+        self._release(self._held)
 
     def idle_since(self, now: float) -> float:
         """Seconds without traffic; 0 while a request is being served (a long-poll fetch is not idle)."""
