@@ -13,7 +13,7 @@ import pytest
 from kio.serial import entity_reader
 
 from strom.protocol.apis import request_entity
-from strom.protocol.framing import FrameDecoder, FrameSizeError, ProtocolError, decode_body
+from strom.protocol.framing import FrameDecoder, FrameSizeError, ProtocolError, decode_body, decode_response
 from strom.protocol.guard import check_body, length_prefixes
 from wire_requests import encode_body, sample_request, served_versions
 
@@ -126,3 +126,16 @@ def test_hostile_lengths_never_reach_an_allocation_kio_cannot_survive() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     cases, refused = map(int, result.stdout.split())
     assert cases > 10_000 and refused > cases // 2
+
+
+def test_a_hostile_response_fails_the_client_decode_without_aborting() -> None:
+    # Metadata v12 response: correlation id, header tagged fields, throttle, then brokers = 2**32 - 2.
+    frame = (
+        struct.pack(">i", 7)
+        + b"\x00"
+        + struct.pack(">i", 0)
+        + bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x0F])
+        + b"\0" * 8
+    )
+    with pytest.raises(ProtocolError, match="brokers"):
+        decode_response(frame, 3, 12)
