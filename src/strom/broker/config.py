@@ -717,6 +717,12 @@ class KafkaConfig:
         self.max_connections_per_ip: int = self._int("max.connections.per.ip")
         self.max_connections_per_ip_overrides: dict[str, int] = self._ip_overrides()
         self.fetch_max_bytes: int = self._int("fetch.max.bytes")
+        if 0 < self.queued_max_request_bytes < self.socket_request_max_bytes:
+            raise ConfigError("queued.max.request.bytes must be larger or equal to socket.request.max.bytes")
+        if self.max_connections_per_ip == 0 and not self.max_connections_per_ip_overrides:
+            raise ConfigError(
+                "max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides property is set."
+            )
         self.offsets_topic_replication_factor: int = self._int("offsets.topic.replication.factor")
         self.offsets_topic_num_partitions: int = self._int("offsets.topic.num.partitions")
         self.transaction_state_log_replication_factor: int = self._int(
