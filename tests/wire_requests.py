@@ -47,8 +47,8 @@ def _primitive(kafka_type: str, rng: random.Random) -> Any:
         return value
     if kafka_type == "float64":
         return 0.5
-    if kafka_type == "uuid":
-        return uuid.UUID(int=rng.getrandbits(128) | 1)
+    if kafka_type == "uuid":  # the zero uuid too: kio decodes it as None, handlers must cope
+        return uuid.UUID(int=0) if rng.random() < 0.3 else uuid.UUID(int=rng.getrandbits(128) | 1)
     if kafka_type == "string":
         return "s" * rng.randint(1, 6)
     if kafka_type in ("bytes", "records"):

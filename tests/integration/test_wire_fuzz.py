@@ -54,7 +54,7 @@ MAX_CANARY_STALL_S = 1.0
 # The broker's resident memory may grow by at most this much over the whole run.
 RSS_GROWTH_BOUND_MIB = 150
 LENGTH_VALUES = (2**32 - 1, 2**31 - 1, 2**31, 2**16 + 7, -2, -1, 0)
-MUTATED_CASES = 7_000
+MUTATED_CASES = 7_500
 RANDOM_CASES = 6_000
 WORKERS = 6
 CASE_TIMEOUT_S = 2.0

@@ -12,9 +12,13 @@ from pathlib import Path
 
 from kio.schema.create_partitions.v3 import request as create_partitions3
 from kio.schema.create_topics.v7 import request as create_topics7
+from kio.schema.delete_topics.v6 import request as delete_topics6
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12 import request as fetch12
+from kio.schema.fetch.v13 import request as fetch13
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.schema.metadata.v12 import request as metadata12
+from kio.schema.produce.v13 import request as produce13
 
 from brokerproc import BrokerProcess
 from kafka_wire import REQUEST_TIMEOUT, KafkaWire
@@ -111,13 +115,15 @@ def test_init_producer_id_without_transactional_id_always_hands_out_a_fresh_id(b
 
 def test_list_offsets_with_null_topics_closes_only_that_connection(broker: BrokerProcess) -> None:
     with KafkaWire.connect(broker.bootstrap) as wire:
-        # ListOffsets v7 (not flexible): replica_id, isolation_level, topics = null (-1).
-        body = struct.pack(">hhih", 2, 7, 1, 0) + struct.pack(">ibi", -1, 0, -1)
+        # ListOffsets v5 (not flexible): replica_id, isolation_level, topics = null (-1).
+        body = struct.pack(">hhih", 2, 5, 1, 0) + struct.pack(">ibi", -1, 0, -1)
         wire.send_raw(struct.pack(">i", len(body)) + body)
         assert wire.is_closed_by_peer()
     with KafkaWire.connect(broker.bootstrap) as wire:
         assert wire.metadata().brokers
-    assert "Traceback" not in broker.log_tail(400)
+    log = broker.log_tail(400)
+    assert "malformed LIST_OFFSETS v5 request: ListOffsetsRequest.topics: null length -1" in log
+    assert "Traceback" not in log
 
 
 def test_fetch_responses_are_capped_by_the_broker_fetch_max_bytes(broker: BrokerProcess) -> None:
@@ -209,3 +215,52 @@ def test_request_memory_is_bounded_by_bytes_and_frees_when_senders_go(broker: Br
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def test_zero_topic_ids_and_null_names_get_kafka_errors(broker: BrokerProcess) -> None:
+    """kio decodes the zero uuid as None: every by-id API must answer it, not fail on it."""
+    with KafkaWire.connect(broker.bootstrap) as wire:
+        fetch = wire.request(
+            fetch13.FetchRequest(
+                max_wait=datetime.timedelta(0),
+                min_bytes=1,
+                topics=(
+                    fetch13.FetchTopic(
+                        topic_id=None,
+                        partitions=(
+                            fetch13.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1024),
+                        ),
+                    ),
+                ),
+                forgotten_topics_data=(),
+            )
+        )
+        assert fetch.responses[0].partitions[0].error_code == ErrorCode.unknown_topic_id
+        metadata = wire.request(
+            metadata12.MetadataRequest(
+                topics=(metadata12.MetadataRequestTopic(topic_id=None, name=None),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
+        )
+        assert metadata.topics[0].error_code != ErrorCode.none
+        deleted = wire.request(
+            delete_topics6.DeleteTopicsRequest(
+                topics=(delete_topics6.DeleteTopicState(name=None, topic_id=None),), timeout=REQUEST_TIMEOUT
+            )
+        )
+        assert deleted.responses[0].error_code != ErrorCode.none
+        produced = wire.request(
+            produce13.ProduceRequest(
+                transactional_id=None,
+                acks=1,
+                timeout=REQUEST_TIMEOUT,
+                topic_data=(
+                    produce13.TopicProduceData(
+                        topic_id=None, partition_data=(produce13.PartitionProduceData(index=0, records=None),)
+                    ),
+                ),
+            )
+        )
+        assert produced.responses[0].partition_responses[0].error_code != ErrorCode.none
+    assert "Traceback" not in broker.log_tail(400)
