@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import random
 import struct
 import subprocess
@@ -139,3 +140,16 @@ def test_a_hostile_response_fails_the_client_decode_without_aborting() -> None:
     )
     with pytest.raises(ProtocolError, match="brokers"):
         decode_response(frame, 3, 12)
+
+
+def test_a_known_tagged_field_must_fill_its_size_exactly() -> None:
+    entity = request_entity(1, 15)  # Fetch v15: cluster_id is the top-level tagged field 0
+    body = encode_body(
+        entity(max_wait=datetime.timedelta(0), min_bytes=1, topics=(), forgotten_topics_data=(), rack_id="")
+    )
+    assert body.endswith(b"\x00")  # no tagged fields
+    exact = body[:-1] + bytes([1, 0, 3, 3]) + b"ab"
+    assert check_body(entity, memoryview(exact), 0) == len(exact)
+    padded = body[:-1] + bytes([1, 0, 5, 3]) + b"ab\0\0"
+    with pytest.raises(ProtocolError, match="does not fill its size"):
+        check_body(entity, memoryview(padded), 0)

@@ -170,8 +170,10 @@ def _walk(plan: _Plan, buf: memoryview, pos: int, end: int, out: Prefixes | None
             if size > end - pos:
                 raise ProtocolError(f"tagged field {tag}: size {size} exceeds the {end - pos} bytes left")
             tagged = plan.tags.get(tag)
-            if tagged is not None:
-                _walk_step(tagged, flexible, buf, pos, pos + size, out)
+            # A known tagged field must fill its size exactly: a decoder may go on from where
+            # the field ends rather than from where the size says it does.
+            if tagged is not None and _walk_step(tagged, flexible, buf, pos, pos + size, out) != pos + size:
+                raise ProtocolError(f"tagged field {tag} does not fill its size {size}")
             pos += size
     return pos
 
