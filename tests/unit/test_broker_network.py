@@ -75,7 +75,7 @@ def test_partial_requests_stop_reading_at_the_bound_and_the_furthest_may_finish(
         assert tb.reading  # memory freed: everyone reads again
         a.close()
         b.close()
-        assert shared.memory.used == 0
+        assert shared.memory.used == 0 and shared.memory.answerable == 0
 
     asyncio.run(run())
 
@@ -136,6 +136,6 @@ def test_when_the_finishing_sender_leaves_another_partial_request_may_finish() -
         assert tb.reading and not tc.reading  # now b, the furthest of those left, may finish
         b.close()
         c.close()
-        assert shared.memory.used == 0
+        assert shared.memory.used == 0 and shared.memory.answerable == 0
 
     asyncio.run(run())

@@ -44,12 +44,14 @@ class RequestMemory:
     that receive more stop reading until memory is released. Should the memory be held
     only by requests still arriving -- so that no response will ever free any -- the
     connection furthest into its request is let through to finish it: memory stays
-    bounded by the limit plus one request, and no set of slow senders can wedge the rest.
+    bounded by the limit plus one request (plus the one read each connection may have
+    in progress when the bound is reached), and no set of slow senders can wedge the rest.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        self.answerable = 0  # of ``used``, the bytes of whole requests: responses will free them
         self._waiting: set[KafkaConnection] = set()
         self._exempt: KafkaConnection | None = None
 
@@ -60,8 +62,9 @@ class RequestMemory:
     def acquire(self, nbytes: int) -> None:
         self.used += nbytes
 
-    def release(self, nbytes: int) -> None:
+    def release(self, nbytes: int, answerable: int) -> None:
         self.used -= nbytes
+        self.answerable -= answerable
         if self._waiting and not self.exhausted:
             waiting, self._waiting = self._waiting, set()
             self._exempt = None
@@ -84,7 +87,7 @@ class RequestMemory:
         """Let one request finish when only partial requests hold the memory."""
         if not self.exhausted or self._exempt is not None or not self._waiting:
             return
-        if any(c.answerable_bytes for c in connections):
+        if self.answerable > 0:
             return  # a response will release memory
         furthest = max(connections, key=lambda c: c.partial_bytes, default=None)
         if furthest is None or not furthest.partial_bytes:
@@ -143,6 +146,7 @@ class KafkaConnection(asyncio.Protocol):
         self._decoder = FrameDecoder(limits.max_request_size)
         self._queue: deque[memoryview] = deque()
         self._held = 0  # bytes received and not yet answered, counted in RequestMemory
+        self._answerable = 0  # of those, the bytes of whole requests (queued or in flight)
         self._wakeup: asyncio.Event = asyncio.Event()
         self._transport: asyncio.Transport | None = None
         self._reading = True
@@ -158,11 +162,6 @@ class KafkaConnection(asyncio.Protocol):
     def partial_bytes(self) -> int:
         """Bytes of a request still arriving."""
         return self._decoder.buffered
-
-    @property
-    def answerable_bytes(self) -> int:
-        """Bytes of whole requests queued or in flight: memory that responses will release."""
-        return self._held - self._decoder.buffered
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -198,6 +197,9 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return
         if frames:
+            completed = sum(len(frame) + 4 for frame in frames)
+            self._answerable += completed
+            self._memory.answerable += completed
             self._queue.extend(frames)
             self._wakeup.set()
             self._memory.frame_completed(self)
@@ -247,7 +249,7 @@ class KafkaConnection(asyncio.Protocol):
                     self._transport.write(response)
                     await self._can_write.wait()
                 self._in_flight = None
-                self._release(len(frame) + 4)
+                self._release(len(frame) + 4, len(frame) + 4)
                 self.last_active = time.monotonic()
                 self.update_reading()
         except CloseConnection as exc:
@@ -259,10 +261,12 @@ class KafkaConnection(asyncio.Protocol):
             log.exception("closing connection after an unexpected error", extra={"peer": self.peer})
             self.close()
 
-    def _release(self, nbytes: int) -> None:
+    def _release(self, nbytes: int, answerable: int) -> None:
         nbytes = min(nbytes, self._held)
+        answerable = min(answerable, self._answerable)
         self._held -= nbytes
-        self._memory.release(nbytes)
+        self._answerable -= answerable
+        self._memory.release(nbytes, answerable)
         if self._memory.exhausted:  # still: perhaps nothing but partial requests hold it now
             self._memory.ensure_progress(self._limits.connections)
 
@@ -273,7 +277,7 @@ class KafkaConnection(asyncio.Protocol):
             self._limits.connections.discard(self)
             self._limits.quotas.release(self._ip)
             self._ip = None
-        self._release(self._held)
+        self._release(self._held, self._answerable)
 
     def idle_since(self, now: float) -> float:
         """Seconds without traffic; 0 while a request is being served (a long-poll fetch is not idle)."""
