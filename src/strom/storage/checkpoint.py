@@ -48,16 +48,17 @@ def _write_lines(path: Path, lines: list[str]) -> None:
 
 def _read_lines(path: Path, fields: int) -> list[list[str]]:
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
-    lines = text.splitlines()
     try:
+        # Garbage (a torn write, a disk error) must read as malformed, not escape as a decode error.
+        lines = data.decode("ascii").splitlines()
         if int(lines[0]) != CHECKPOINT_VERSION:
             raise KafkaStorageError(f"unrecognised version {lines[0]} in checkpoint file {path}")
         count = int(lines[1])
         entries = [line.split() for line in lines[2 : 2 + count]]
-    except (IndexError, ValueError) as e:
+    except (IndexError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         raise KafkaStorageError(f"malformed checkpoint file {path}: {e}") from e
     if len(entries) != count or any(len(entry) != fields for entry in entries):
         raise KafkaStorageError(f"malformed checkpoint file {path}: expected {count} entries")
@@ -118,11 +119,12 @@ class PartitionMetadataFile:
 
     def read(self) -> uuid.UUID | None:
         try:
-            text = self.path.read_text()
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return None
-        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
         try:
+            text = data.decode("ascii")
+            fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
             if fields.get("version") != "0":
                 raise ValueError(f"unsupported version {fields.get('version')}")
             return topic_id_from_string(fields["topic_id"].strip())
