@@ -852,9 +852,13 @@ class Log:
 
         The directory is renamed ``<name>.<id>-delete`` first (as Kafka does; startup finishes
         such deletions), so a cleaner thread still writing files by path cannot recreate any
-        inside the tree being removed.
+        inside the tree being removed. Like Kafka's asyncDelete, it closes the files without the
+        flush and producer snapshot of ``close``: their data is about to go.
         """
-        self.close()
+        with self._flush_lock:
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
         doomed = self.dir.with_name(f"{self.dir.name}.{uuid.uuid4().hex}-delete")
         os.rename(self.dir, doomed)
         shutil.rmtree(doomed)
