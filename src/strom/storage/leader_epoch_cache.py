@@ -3,8 +3,9 @@
 A new epoch is written to the file at once. Truncations are written later (``flush``, from the
 log manager's checkpoint job or at close), as Kafka does since KAFKA-15046: a stale file only
 holds entries that loading the log truncates again, and it keeps fsyncs off the event loop.
-An unreadable file is not fatal: the cache starts empty with ``rebuild_needed`` set, and the
-log rebuilds it from its batches' partitionLeaderEpoch.
+An unreadable or missing file is not fatal: the cache starts empty with ``rebuild_needed`` set,
+and the log rebuilds it from its batches' partitionLeaderEpoch (Kafka only does so for the
+segments it recovers, and takes a log dir offline for an unreadable file).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class LeaderEpochFileCache:
         # Held while a snapshot of the entries is taken and written: the loop and worker threads write.
         self._write_lock = threading.Lock()
         self._dirty = False
-        self.rebuild_needed = False
+        # A missing file (a new log, or a deleted file) is rebuilt from the batches too, silently.
+        self._damaged = False
+        self.rebuild_needed = not self._file.path.exists()
         try:
             self._entries: list[tuple[int, int]] = self._file.read()
             if any(a[0] >= b[0] or a[1] >= b[1] for a, b in itertools.pairwise(self._entries)) or any(
@@ -47,7 +50,7 @@ class LeaderEpochFileCache:
                 extra={"file": str(self._file.path), "error": str(e)},
             )
             self._entries = []
-            self.rebuild_needed = True
+            self._damaged = self.rebuild_needed = True
 
     @property
     def entries(self) -> list[tuple[int, int]]:
@@ -88,6 +91,8 @@ class LeaderEpochFileCache:
                 entries.append((epoch, offset))
         self._entries = entries
         self.rebuild_needed = False
+        if not entries and not self._damaged:
+            return  # a new log: the first epoch assigned writes the file
         self._write()
         log.warning(
             "rebuilt leader epoch checkpoint", extra={"file": str(self._file.path), "epochs": len(entries)}
