@@ -72,16 +72,16 @@ class LeaderEpochFileCache:
             last_epoch, last_offset = self._entries[-1]
             if epoch == last_epoch and start_offset >= last_offset:
                 return
-        removed = 0
-        while self._entries and (self._entries[-1][0] >= epoch or self._entries[-1][1] >= start_offset):
-            self._entries.pop()
-            removed += 1
+        entries = list(self._entries)
+        while entries and (entries[-1][0] >= epoch or entries[-1][1] >= start_offset):
+            entries.pop()
+        removed = len(self._entries) - len(entries)
+        entries.append((epoch, start_offset))
+        self._write(entries)
         if removed:
             log.warning(
                 "leader epoch %d at offset %d replaced %d cached epochs", epoch, start_offset, removed
             )
-        self._entries.append((epoch, start_offset))
-        self._write()
 
     def rebuild(self, first_offsets: Iterable[tuple[int, int]]) -> None:
         """Replace the entries from (epoch, base offset) of every batch, in log order; writes the file."""
@@ -89,24 +89,32 @@ class LeaderEpochFileCache:
         for epoch, offset in first_offsets:
             if epoch >= 0 and (not entries or epoch > entries[-1][0]):
                 entries.append((epoch, offset))
-        self._entries = entries
         self.rebuild_needed = False
         if not entries and not self._damaged:
+            self._entries = entries
             return  # a new log: the first epoch assigned writes the file
-        self._write()
+        self._write(entries)
         log.warning(
             "rebuilt leader epoch checkpoint", extra={"file": str(self._file.path), "epochs": len(entries)}
         )
 
-    def _write(self) -> None:
+    def _write(self, entries: list[tuple[int, int]]) -> None:
+        """Write ``entries``, then make them the cache's: a failed write leaves the cache as it was."""
         with self._write_lock:
-            self._dirty = False
-            self._file.write(list(self._entries))
+            self._file.write(entries)
+            self._entries = entries
 
     def flush(self) -> None:
         """Write truncations made since the last write (call off the event loop)."""
-        if self._dirty:
-            self._write()
+        if not self._dirty:
+            return
+        with self._write_lock:
+            self._dirty = False
+            try:
+                self._file.write(list(self._entries))
+            except BaseException:
+                self._dirty = True
+                raise
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int | None = None) -> tuple[int, int]:
         """OffsetForLeaderEpoch: (largest epoch <= requested, start offset of the next epoch or LEO)."""
