@@ -26,7 +26,7 @@ from strom.broker.dispatcher import RequestDispatcher
 from strom.broker.handlers import HANDLERS
 from strom.broker.network import KafkaConnection
 from strom.broker.replica_manager import ReplicaManager
-from strom.storage import KafkaStorageError, Log, LogConfig, LogManager
+from strom.storage import KafkaStorageError, Log, LogConfig, LogManager, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -362,10 +362,19 @@ class BrokerServer:
                 OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, self._offsets_topic_configs()
             )
 
+    async def prepare_offsets_topic(self) -> None:
+        """Before a group request (JoinGroup, OffsetCommit): create ``__consumer_offsets`` if needed.
+        A failure is logged; the coordinator then answers COORDINATOR_NOT_AVAILABLE."""
+        try:
+            await self.ensure_offsets_topic()
+        except StorageError as e:
+            log.error("cannot create the offsets topic", extra={"error": str(e)})
+
     def _request_offsets_topic(self) -> None:
         """For the group coordinator's synchronous paths: start creating ``__consumer_offsets`` if it
         does not exist. Until it does, the coordinator answers COORDINATOR_NOT_AVAILABLE (as Kafka
-        does while it creates the topic) and clients retry; FindCoordinator awaits the creation."""
+        does while it creates the topic) and clients retry. FindCoordinator, JoinGroup and
+        OffsetCommit await the creation first, so this is only a fallback."""
         if self.control_plane.image.topic(OFFSETS_TOPIC) is not None or self._offsets_topic_task is not None:
             return
         task = asyncio.get_running_loop().create_task(self.ensure_offsets_topic())
