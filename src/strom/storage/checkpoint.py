@@ -30,14 +30,22 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomically(path: Path, content: bytes) -> None:
+    """Replace ``path`` with ``content``: the old file stays whole until the new one is on disk.
+    On a failure (a full disk) the temporary file is removed and the OSError raised."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, content)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(content)
+            while view:  # a write may be short
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from strom.broker.cluster.metadata import MetadataImage, PartitionState, TopicState
 from strom.storage import KafkaStorageError
+from strom.storage.checkpoint import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +70,7 @@ def validate_topic_name(name: str) -> None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomically(path, text.encode("utf-8"))
 
 
 def _serialize(topics: list[TopicState], next_producer_id_block: int, deleting: list[uuid.UUID]) -> str:
