@@ -162,7 +162,13 @@ class BrokerServer:
         deleting = self.control_plane.deleting_topic_ids
         orphans: dict[str, list[Log]] = defaultdict(list)
         for log_ in self.log_manager.all_logs():
-            if log_.topic in topics:
+            known = topics.get(log_.topic)
+            if known is not None:
+                if log_.partition >= len(known.partitions):
+                    log.warning(
+                        "keeping a log beyond its topic's partition count, unserved",
+                        extra={"log": log_.dir.name, "partitions": len(known.partitions)},
+                    )
                 continue
             if log_.topic_id is not None and log_.topic_id in deleting:
                 # Deleted just before a crash: finish the deletion.
