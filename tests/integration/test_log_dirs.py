@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from kio.schema.create_topics.v7 import request as create_topics7
 from kio.schema.delete_topics.v6 import request as delete_topics6
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
@@ -405,3 +406,30 @@ def test_creating_and_deleting_2000_partitions_does_not_stall_other_clients(brok
     # Loose: the tight number (p99 <= 10 ms on a quiet machine) is bench/loop_lag.py's.
     assert canary.worst < 1.0, f"a request waited {canary.worst:.2f} s"
     assert not list(broker.data_dir.glob("wide-*"))
+
+
+def test_a_topic_creation_completes_when_its_client_disconnects(broker: BrokerProcess) -> None:
+    host, port = broker.bootstrap.rsplit(":", 1)
+    wire = KafkaWire(host, int(port))
+    wire.send(
+        create_topics7.CreateTopicsRequest(
+            topics=(
+                create_topics7.CreatableTopic(
+                    name="abandoned", num_partitions=300, replication_factor=1, assignments=(), configs=()
+                ),
+            ),
+            timeout=datetime.timedelta(seconds=60),
+        )
+    )
+    time.sleep(0.05)
+    wire.close()  # mid-creation: the broker must neither stop halfway nor leave the name taken
+    deadline = time.monotonic() + 60
+    with KafkaWire(host, int(port), timeout=60) as other:
+        while time.monotonic() < deadline:
+            (topic,) = other.metadata("abandoned").topics
+            if topic.error_code == ErrorCode.none:
+                break
+            time.sleep(0.2)
+        assert topic.error_code == ErrorCode.none and len(topic.partitions) == 300
+        assert other.create_topic("abandoned") == ErrorCode.topic_already_exists
+        assert other.produce_ok("abandoned", encode_batch([RecordSpec(key=None, value=b"v")]), partition=299) == 0

@@ -337,8 +337,14 @@ class BrokerServer:
         change (metadata written, logs not yet created) must not be left behind by a cancellation."""
         task = asyncio.ensure_future(operation)
         self._admin_tasks.add(task)
-        task.add_done_callback(self._admin_tasks.discard)
+        task.add_done_callback(self._admin_done)
         return await asyncio.shield(task)
+
+    def _admin_done(self, task: asyncio.Future[Any]) -> None:
+        self._admin_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Also retrieves it: the requester may be gone, and its handler answers the error.
+            log.debug("admin operation failed", extra={"error": str(task.exception())})
 
     async def create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
         return await self._admin(self._create_topic(name, num_partitions, configs))
