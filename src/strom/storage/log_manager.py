@@ -188,8 +188,11 @@ class LogManager:
                 )
             except InconsistentTopicIdError as e:
                 stray = child.with_name(f"{child.name}.{uuid.uuid4().hex}-stray")
-                log.warning(
-                    "moving aside a log of a previous topic with the same name",
+                # A previous topic of the same name, or a damaged metadata file: keep the data
+                # aside (Kafka's stray logs) rather than serve or delete it.
+                log.error(
+                    "moving aside a log whose partition.metadata names another topic id than the "
+                    "control plane; it is kept, renamed, for an operator to inspect",
                     extra={"dir": str(child), "to": stray.name, "error": str(e)},
                 )
                 os.rename(child, stray)
