@@ -48,6 +48,7 @@ bench: $(INSTALLED)
 	bash bench/setup.sh
 	$(PYTHON) bench/broker_bench.py --write-results
 	$(PYTHON) bench/idle_connections.py --write-results
+	$(PYTHON) bench/loop_lag.py --write-results
 	$(PYTHON) bench/cleaner_bench.py --write-results
 	$(PYTHON) bench/client_bench.py --write-results
 	$(PYTHON) bench/spark_bench.py --write-results

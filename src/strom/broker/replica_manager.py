@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from strom.broker.cluster.metadata import TopicState
 from strom.broker.partition import NotEnoughReplicasError, Partition, TopicPartition
 from strom.protocol.errors import ErrorCode
-from strom.storage import LogConfig, LogManager, StorageError
+from strom.storage import LogConfig, LogManager, NewLog, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ class ReplicaManager:
     # -- leadership ---------------------------------------------------------------------------
 
     def become_leader(self, topic: TopicState) -> None:
-        """Host every partition of ``topic`` that is not yet hosted (creating its log)."""
+        """Host every partition of ``topic`` that is not yet hosted, creating missing logs inline
+        (startup, before the broker serves anyone; later changes use ``create_partitions``)."""
         config = self._config_for(topic)
         for state in topic.partitions:
             tp = TopicPartition(topic.name, state.partition)
@@ -73,6 +74,27 @@ class ReplicaManager:
             log_ = self.log_manager.get_or_create_log(topic.name, state.partition, config, topic.topic_id)
             self._partitions[tp] = Partition(tp, log_, state.leader_epoch, list(state.isr))
 
+    async def create_partitions(self, topic: TopicState) -> None:
+        """Create the logs of ``topic``'s partitions not yet hosted, off the event loop, then host them.
+
+        Raises KafkaStorageError (having created nothing) if the disk fails.
+        """
+        config = self._config_for(topic)
+        missing = [
+            state
+            for state in topic.partitions
+            if TopicPartition(topic.name, state.partition) not in self._partitions
+            and self.log_manager.get_log(topic.name, state.partition) is None
+        ]
+        dirs = self.log_manager.assign_log_dirs(len(missing))
+        specs = [
+            NewLog(log_dir, topic.name, state.partition, config, topic.topic_id, state.leader_epoch)
+            for log_dir, state in zip(dirs, missing, strict=True)
+        ]
+        logs = await asyncio.get_running_loop().run_in_executor(None, self.log_manager.open_new_logs, specs)
+        self.log_manager.register_logs(logs)
+        self.become_leader(topic)
+
     def update_config(self, topic: TopicState) -> None:
         config = self._config_for(topic)
         for state in topic.partitions:
@@ -80,13 +102,20 @@ class ReplicaManager:
             if partition is not None:
                 partition.log.update_config(config)
 
-    def stop_replicas(self, topic: TopicState) -> None:
-        """Stop hosting ``topic`` and delete its logs."""
+    async def stop_replicas(self, topic: TopicState) -> None:
+        """Stop hosting ``topic`` and delete its logs.
+
+        Its partitions leave the broker here, on the event loop, so no append or fetch reaches
+        their logs any more; the files are removed in a worker thread.
+        """
+        keys = []
         for state in topic.partitions:
             tp = TopicPartition(topic.name, state.partition)
-            if self._partitions.pop(tp, None) is not None:
-                self.log_manager.delete_log(topic.name, state.partition)
+            self._partitions.pop(tp, None)
             self._wake_fetchers(tp)
+            keys.append((topic.name, state.partition))
+        logs = self.log_manager.unregister_logs(keys)
+        await asyncio.get_running_loop().run_in_executor(None, self.log_manager.delete_logs, logs)
 
     def partition(self, tp: TopicPartition) -> Partition | None:
         return self._partitions.get(tp)
@@ -127,6 +156,31 @@ class ReplicaManager:
                 self._wake_fetchers(tp)
         # acks=-1 would wait here (a delayed produce) until the HW passes each last offset;
         # with ISR = {leader} the HW moved with the append itself.
+        return results
+
+    async def append(
+        self, required_acks: int, entries: list[tuple[TopicPartition, bytes | None]]
+    ) -> dict[TopicPartition, ProduceResult]:
+        """``append_records``, then the fsyncs that flush.messages asks for, off the event loop,
+        before the caller acknowledges (a failed fsync answers KAFKA_STORAGE_ERROR)."""
+        results = self.append_records(required_acks, entries)
+        due = [
+            (tp, partition)
+            for tp, result in results.items()
+            if result.error == ErrorCode.none
+            and (partition := self._partitions.get(tp)) is not None
+            and partition.log.flush_messages_due
+        ]
+        if due:
+            loop = asyncio.get_running_loop()
+            outcomes = await asyncio.gather(
+                *(loop.run_in_executor(None, partition.log.flush) for _, partition in due),
+                return_exceptions=True,
+            )
+            for (tp, _), outcome in zip(due, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    log.error("flush failed", extra={"partition": str(tp), "error": str(outcome)})
+                    results[tp] = ProduceResult(ErrorCode.kafka_storage_error, error_message=str(outcome))
         return results
 
     # -- fetch --------------------------------------------------------------------------------

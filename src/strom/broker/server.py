@@ -7,10 +7,17 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections import Counter, defaultdict
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
-from strom.broker.cluster.local import LocalControlPlane
+from strom.broker.cluster.local import (
+    InvalidTopicError,
+    LocalControlPlane,
+    TopicExistsError,
+    validate_topic_name,
+)
 from strom.broker.cluster.metadata import TopicState
 from strom.broker.config import KafkaConfig
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
@@ -19,11 +26,13 @@ from strom.broker.dispatcher import RequestDispatcher
 from strom.broker.handlers import HANDLERS
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 from strom.broker.replica_manager import ReplicaManager
-from strom.storage import LogConfig, LogManager
+from strom.storage import KafkaStorageError, Log, LogConfig, LogManager, StorageError
 
 log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK_SIZE = 1000
+
+T = TypeVar("T")
 
 
 class ProducerIdManager:
@@ -62,7 +71,7 @@ class BrokerServer:
                 offset_metadata_max_bytes=config.offset_metadata_max_bytes,
             ),
             GroupMetadataManager(self.replica_manager, config.offsets_topic_num_partitions),
-            self._ensure_offsets_topic,
+            self._request_offsets_topic,
         )
         self._dispatcher = RequestDispatcher(self, HANDLERS)
         self._servers: list[asyncio.Server] = []
@@ -77,6 +86,11 @@ class BrokerServer:
         self._connections = self.network.connections
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_ports: list[int] = []
+        # Serialises topic creation, deletion and changes (see "topic management").
+        self._admin_lock = asyncio.Lock()
+        self._offsets_topic_task: asyncio.Task[None] | None = None
+        self._admin_tasks: set[asyncio.Future[Any]] = set()
+        self._storage_loaded = False
 
     @property
     def cluster_id(self) -> str:
@@ -88,22 +102,18 @@ class BrokerServer:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        # Before anything reads or writes a log dir: a second broker on it fails here, having
+        # changed nothing (no recovery, no checkpoint, no clean-shutdown marker).
+        self.log_manager.lock_log_dirs()
+        try:
+            await self._load_storage()
+        except BaseException:
+            # Storage half loaded: writing checkpoints now could lose entries of unloaded logs.
+            self.log_manager.unlock_log_dirs()
+            self.control_plane.close()
+            raise
+        self._storage_loaded = True
         loop = asyncio.get_running_loop()
-        self.control_plane.load()
-        topics = {t.name: t for t in self.control_plane.image.topics()}
-        await loop.run_in_executor(
-            None,
-            lambda: self.log_manager.startup(
-                lambda name: self.log_config(topics[name]) if name in topics else LogConfig()
-            ),
-        )
-        for topic in topics.values():
-            self.replica_manager.become_leader(topic)
-        for orphan in self.log_manager.all_logs():
-            if orphan.topic not in topics:
-                # A topic deleted from the control plane just before a crash: finish the deletion.
-                log.warning("deleting the log of an unknown topic", extra={"log": str(orphan.dir)})
-                self.log_manager.delete_log(orphan.topic, orphan.partition)
         self.group_coordinator.startup()
         for listener in self.config.client_listeners():
             server = await loop.create_server(
@@ -137,6 +147,110 @@ class BrokerServer:
             extra={"node_id": self.node_id, "ports": self.bound_ports, "cluster_id": self.cluster_id},
         )
 
+    async def _load_storage(self) -> None:
+        """Load the control plane and every log, and reconcile them (in a worker thread)."""
+        await asyncio.get_running_loop().run_in_executor(None, self._load_storage_blocking)
+
+    def _load_storage_blocking(self) -> None:
+        self.control_plane.load()
+        topics = {t.name: t for t in self.control_plane.image.topics()}
+        self.log_manager.startup(
+            lambda name: self.log_config(topics[name]) if name in topics else LogConfig(),
+            {name: topic.topic_id for name, topic in topics.items()},
+        )
+        self._reconcile_logs(topics)
+        for topic in self.control_plane.image.topics():
+            self.replica_manager.become_leader(topic)
+
+    def _reconcile_logs(self, topics: Mapping[str, TopicState]) -> None:
+        """Place every loaded log that the control plane does not know. Nothing is deleted here
+        except the logs of topics whose deletion the control plane recorded: a log of an unknown
+        topic means the metadata file was lost, and the topic is rebuilt from its logs."""
+        deleting = self.control_plane.deleting_topic_ids
+        orphans: dict[str, list[Log]] = defaultdict(list)
+        for log_ in self.log_manager.all_logs():
+            known = topics.get(log_.topic)
+            if known is not None:
+                if log_.partition >= len(known.partitions):
+                    log.warning(
+                        "keeping a log beyond its topic's partition count, unserved",
+                        extra={"log": log_.dir.name, "partitions": len(known.partitions)},
+                    )
+                continue
+            if log_.topic_id is not None and log_.topic_id in deleting:
+                # Deleted just before a crash: finish the deletion.
+                self.log_manager.delete_logs(self.log_manager.unregister_logs([(log_.topic, log_.partition)]))
+                continue
+            orphans[log_.topic].append(log_)
+        for name, logs in sorted(orphans.items()):
+            self._rebuild_topic(name, logs)
+        if orphans or deleting:
+            max_producer_id = max(
+                (pid for log_ in self.log_manager.all_logs() for pid in log_.producer_state.active_producers),
+                default=-1,
+            )
+            self.control_plane.reserve_producer_ids_above(max_producer_id, PRODUCER_ID_BLOCK_SIZE)
+            self.control_plane.clear_deleting()
+            self.control_plane.write_now()
+        elif self.control_plane.lost:
+            self.control_plane.write_now()
+
+    def _rebuild_topic(self, name: str, logs: list[Log]) -> None:
+        """A topic with logs but no entry in the control plane: rebuild it from the logs' names and
+        their partition.metadata topic ids. A log that does not fit (an illegal name, another
+        topic id) is moved aside, never deleted."""
+        ids = Counter(log_.topic_id for log_ in logs if log_.topic_id is not None)
+        topic_id = ids.most_common(1)[0][0] if ids else None
+        try:
+            validate_topic_name(name)
+        except InvalidTopicError as e:
+            for log_ in logs:
+                self._move_aside(log_, str(e))
+            return
+        if topic_id is not None and self.control_plane.image.topic_by_id(topic_id) is not None:
+            for log_ in logs:
+                self._move_aside(log_, f"its topic id {topic_id} belongs to another topic")
+            return
+        if topic_id is None:
+            topic_id = self.control_plane.new_topic_id()
+        kept = []
+        for log_ in logs:
+            if log_.topic_id is not None and log_.topic_id != topic_id:
+                self._move_aside(log_, f"topic id {log_.topic_id}, not {topic_id} as the other partitions")
+            else:
+                if log_.topic_id is None:
+                    self.log_manager.assign_topic_id(log_, topic_id)
+                kept.append(log_)
+        if not kept:
+            return
+        configs = self._offsets_topic_configs() if name == OFFSETS_TOPIC else {}
+        num_partitions = max(log_.partition for log_ in kept) + 1
+        topic = TopicState(
+            name=name,
+            topic_id=topic_id,
+            partitions=[self.control_plane.new_partition(p) for p in range(num_partitions)],
+            configs=configs,
+        )
+        self.control_plane.rebuild_topic(topic)
+        config = self.log_config(topic)
+        for log_ in kept:
+            log_.update_config(config)
+        log.warning(
+            "rebuilt a topic missing from the control plane's metadata from its logs; its configs are "
+            "the defaults (configs set on it were only in the lost metadata file)"
+            + (" except the internal topic's own" if configs else ""),
+            extra={
+                "topic": name,
+                "topic_id": str(topic_id),
+                "partitions": num_partitions,
+                "logs_found": sorted(log_.partition for log_ in kept),
+            },
+        )
+
+    def _move_aside(self, log_: Log, reason: str) -> None:
+        self.log_manager.unregister_logs([(log_.topic, log_.partition)])
+        self.log_manager.move_aside(log_, reason)
+
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
@@ -149,7 +263,12 @@ class BrokerServer:
                 await task
         self.group_coordinator.shutdown()
         self.replica_manager.wake_all_fetchers()
-        await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
+        # Admin operations in flight finish (or fail) before the logs close.
+        async with self._admin_lock:
+            if self._storage_loaded:
+                await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
+                self._storage_loaded = False
+            self.control_plane.close()
         log.info("broker stopped", extra={"node_id": self.node_id})
 
     async def _every(self, interval_ms: int, job: object) -> None:
@@ -201,49 +320,132 @@ class BrokerServer:
         return host, port
 
     # -- topic management (the embedded controller's operations) -----------------------------
+    #
+    # One at a time (Kafka's controller is single-threaded too): each persists the control plane's
+    # change, does the file work in a worker thread and only then changes what clients see. The
+    # event loop keeps serving meanwhile. A failed write raises KafkaStorageError, changing nothing.
 
-    def create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
-        topic = self.control_plane.create_topic(name, num_partitions, configs)
-        self.replica_manager.become_leader(topic)
+    async def _create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
+        async with self._admin_lock:
+            topic = self.control_plane.new_topic(name, num_partitions, configs)
+            # The metadata first: a crash before the logs exist recreates them at startup.
+            await self.control_plane.stage(topic)
+            try:
+                await self.replica_manager.create_partitions(topic)
+            except BaseException:
+                await self.control_plane.abort(name)
+                raise
+            self.control_plane.apply(name)
         log.info("created topic", extra={"topic": name, "partitions": num_partitions})
         return topic
 
-    def _ensure_offsets_topic(self) -> None:
+    async def _admin(self, operation: Coroutine[Any, Any, T]) -> T:
+        """Run an admin operation to its end even if the requesting client goes away: a half-done
+        change (metadata written, logs not yet created) must not be left behind by a cancellation."""
+        task = asyncio.ensure_future(operation)
+        self._admin_tasks.add(task)
+        task.add_done_callback(self._admin_done)
+        return await asyncio.shield(task)
+
+    def _admin_done(self, task: asyncio.Future[Any]) -> None:
+        self._admin_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Also retrieves it: the requester may be gone, and its handler answers the error.
+            log.debug("admin operation failed", extra={"error": str(task.exception())})
+
+    async def create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
+        return await self._admin(self._create_topic(name, num_partitions, configs))
+
+    async def delete_topic(self, name: str) -> TopicState | None:
+        return await self._admin(self._delete_topic(name))
+
+    async def create_partitions(self, name: str, total: int) -> TopicState:
+        return await self._admin(self._create_partitions(name, total))
+
+    async def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
+        return await self._admin(self._set_topic_configs(name, configs))
+
+    def _offsets_topic_configs(self) -> dict[str, str]:
+        return {
+            "cleanup.policy": "compact",
+            "compression.type": "producer",
+            "segment.bytes": str(self.config.offsets_topic_segment_bytes),
+        }
+
+    async def ensure_offsets_topic(self) -> None:
         """Create ``__consumer_offsets`` on first use, compacted, as Kafka does."""
-        if self.control_plane.image.topic(OFFSETS_TOPIC) is None:
-            self.create_topic(
-                OFFSETS_TOPIC,
-                self.config.offsets_topic_num_partitions,
-                {
-                    "cleanup.policy": "compact",
-                    "compression.type": "producer",
-                    "segment.bytes": str(self.config.offsets_topic_segment_bytes),
-                },
+        if self.control_plane.image.topic(OFFSETS_TOPIC) is not None:
+            return
+        with contextlib.suppress(TopicExistsError):  # created meanwhile
+            await self.create_topic(
+                OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, self._offsets_topic_configs()
             )
 
-    def auto_create_topic(self, name: str) -> TopicState:
+    async def prepare_offsets_topic(self) -> None:
+        """Before a group request (JoinGroup, OffsetCommit): create ``__consumer_offsets`` if needed.
+        A failure is logged; the coordinator then answers COORDINATOR_NOT_AVAILABLE."""
+        try:
+            await self.ensure_offsets_topic()
+        except StorageError as e:
+            log.error("cannot create the offsets topic", extra={"error": str(e)})
+
+    def _request_offsets_topic(self) -> None:
+        """For the group coordinator's synchronous paths: start creating ``__consumer_offsets`` if it
+        does not exist. Until it does, the coordinator answers COORDINATOR_NOT_AVAILABLE (as Kafka
+        does while it creates the topic) and clients retry. FindCoordinator, JoinGroup and
+        OffsetCommit await the creation first, so this is only a fallback."""
+        if self.control_plane.image.topic(OFFSETS_TOPIC) is not None or self._offsets_topic_task is not None:
+            return
+        task = asyncio.get_running_loop().create_task(self.ensure_offsets_topic())
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._offsets_topic_task = None
+            if not t.cancelled() and t.exception() is not None:
+                log.error("cannot create the offsets topic", extra={"error": str(t.exception())})
+
+        task.add_done_callback(done)
+        self._offsets_topic_task = task
+
+    async def auto_create_topic(self, name: str) -> TopicState:
         if name == OFFSETS_TOPIC:
             # An internal topic is created with its own layout, never with the defaults of user topics.
-            self._ensure_offsets_topic()
-            topic = self.control_plane.image.topic(name)
-            assert topic is not None
-            return topic
-        return self.create_topic(name, self.config.num_partitions, {})
+            await self.ensure_offsets_topic()
+        else:
+            with contextlib.suppress(TopicExistsError):  # created meanwhile by another request
+                return await self.create_topic(name, self.config.num_partitions, {})
+        topic = self.control_plane.image.topic(name)
+        if topic is None:
+            raise KafkaStorageError(f"topic {name} could not be created")
+        return topic
 
-    def delete_topic(self, name: str) -> TopicState | None:
-        topic = self.control_plane.delete_topic(name)
-        if topic is not None:
-            self.replica_manager.stop_replicas(topic)
+    async def _delete_topic(self, name: str) -> TopicState | None:
+        async with self._admin_lock:
+            topic = await self.control_plane.stage_removal(name)
+            if topic is None:
+                return None
+            self.control_plane.apply(name)
             self.group_coordinator.on_topic_deleted(name)
-            log.info("deleted topic", extra={"topic": name})
+            await self.replica_manager.stop_replicas(topic)
+            await self.control_plane.finish_deletion([topic.topic_id])
+        log.info("deleted topic", extra={"topic": name})
         return topic
 
-    def create_partitions(self, name: str, total: int) -> TopicState:
-        topic = self.control_plane.create_partitions(name, total)
-        self.replica_manager.become_leader(topic)
+    async def _create_partitions(self, name: str, total: int) -> TopicState:
+        async with self._admin_lock:
+            topic = self.control_plane.with_partitions(name, total)
+            await self.control_plane.stage(topic)
+            try:
+                await self.replica_manager.create_partitions(topic)
+            except BaseException:
+                await self.control_plane.abort(name)
+                raise
+            self.control_plane.apply(name)
         return topic
 
-    def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
-        topic = self.control_plane.set_topic_configs(name, configs)
-        self.replica_manager.update_config(topic)
+    async def _set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
+        async with self._admin_lock:
+            topic = self.control_plane.with_configs(name, configs)
+            await self.control_plane.stage(topic)
+            self.control_plane.apply(name)
+            self.replica_manager.update_config(topic)
         return topic

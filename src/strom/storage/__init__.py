@@ -28,7 +28,7 @@ from strom.storage.log import (
     TimestampAndOffset,
 )
 from strom.storage.log_config import LogConfig
-from strom.storage.log_manager import LogManager
+from strom.storage.log_manager import LogDirInUseError, LogManager, NewLog
 from strom.storage.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
 
 __all__ = [
@@ -52,8 +52,10 @@ __all__ = [
     "LogAppendInfo",
     "LogCleaner",
     "LogConfig",
+    "LogDirInUseError",
     "LogManager",
     "LogToClean",
+    "NewLog",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "ProducerStateEntry",

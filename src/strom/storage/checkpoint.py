@@ -30,14 +30,22 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomically(path: Path, content: bytes) -> None:
+    """Replace ``path`` with ``content``: the old file stays whole until the new one is on disk.
+    On a failure (a full disk) the temporary file is removed and the OSError raised."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, content)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(content)
+            while view:  # a write may be short
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
@@ -48,16 +56,17 @@ def _write_lines(path: Path, lines: list[str]) -> None:
 
 def _read_lines(path: Path, fields: int) -> list[list[str]]:
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
-    lines = text.splitlines()
     try:
+        # Garbage (a torn write, a disk error) must read as malformed, not escape as a decode error.
+        lines = data.decode("ascii").splitlines()
         if int(lines[0]) != CHECKPOINT_VERSION:
             raise KafkaStorageError(f"unrecognised version {lines[0]} in checkpoint file {path}")
         count = int(lines[1])
         entries = [line.split() for line in lines[2 : 2 + count]]
-    except (IndexError, ValueError) as e:
+    except (IndexError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         raise KafkaStorageError(f"malformed checkpoint file {path}: {e}") from e
     if len(entries) != count or any(len(entry) != fields for entry in entries):
         raise KafkaStorageError(f"malformed checkpoint file {path}: expected {count} entries")
@@ -118,11 +127,12 @@ class PartitionMetadataFile:
 
     def read(self) -> uuid.UUID | None:
         try:
-            text = self.path.read_text()
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return None
-        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
         try:
+            text = data.decode("ascii")
+            fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
             if fields.get("version") != "0":
                 raise ValueError(f"unsupported version {fields.get('version')}")
             return topic_id_from_string(fields["topic_id"].strip())

@@ -1,13 +1,24 @@
-"""LeaderEpochFileCache: the first offset of each leader epoch, kept in ``leader-epoch-checkpoint``."""
+"""LeaderEpochFileCache: the first offset of each leader epoch, kept in ``leader-epoch-checkpoint``.
+
+A new epoch is written to the file at once. Truncations are written later (``flush``, from the
+log manager's checkpoint job or at close), as Kafka does since KAFKA-15046: a stale file only
+holds entries that loading the log truncates again, and it keeps fsyncs off the event loop.
+An unreadable or missing file is not fatal: the cache starts empty with ``rebuild_needed`` set,
+and the log rebuilds it from its batches' partitionLeaderEpoch (Kafka only does so for the
+segments it recovers, and takes a log dir offline for an unreadable file).
+"""
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from strom.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochCheckpointFile
+from strom.storage.errors import KafkaStorageError
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +32,25 @@ class LeaderEpochFileCache:
     def __init__(self, log_dir: Path, log_end_offset: Callable[[], int]) -> None:
         self._file = LeaderEpochCheckpointFile(log_dir / LEADER_EPOCH_CHECKPOINT)
         self._log_end_offset = log_end_offset
-        self._entries: list[tuple[int, int]] = self._file.read()
+        # Held while a snapshot of the entries is taken and written: the loop and worker threads write.
+        self._write_lock = threading.Lock()
+        self._dirty = False
+        # A missing file (a new log, or a deleted file) is rebuilt from the batches too, silently.
+        self._damaged = False
+        self.rebuild_needed = not self._file.path.exists()
+        try:
+            self._entries: list[tuple[int, int]] = self._file.read()
+            if any(a[0] >= b[0] or a[1] >= b[1] for a, b in itertools.pairwise(self._entries)) or any(
+                epoch < 0 or offset < 0 for epoch, offset in self._entries
+            ):
+                raise KafkaStorageError(f"epochs and offsets do not both increase in {self._file.path}")
+        except KafkaStorageError as e:
+            log.warning(
+                "unreadable leader epoch checkpoint: rebuilding it from the log's batches",
+                extra={"file": str(self._file.path), "error": str(e)},
+            )
+            self._entries = []
+            self._damaged = self.rebuild_needed = True
 
     @property
     def entries(self) -> list[tuple[int, int]]:
@@ -43,16 +72,49 @@ class LeaderEpochFileCache:
             last_epoch, last_offset = self._entries[-1]
             if epoch == last_epoch and start_offset >= last_offset:
                 return
-        removed = 0
-        while self._entries and (self._entries[-1][0] >= epoch or self._entries[-1][1] >= start_offset):
-            self._entries.pop()
-            removed += 1
+        entries = list(self._entries)
+        while entries and (entries[-1][0] >= epoch or entries[-1][1] >= start_offset):
+            entries.pop()
+        removed = len(self._entries) - len(entries)
+        entries.append((epoch, start_offset))
+        self._write(entries)
         if removed:
             log.warning(
                 "leader epoch %d at offset %d replaced %d cached epochs", epoch, start_offset, removed
             )
-        self._entries.append((epoch, start_offset))
-        self._file.write(self._entries)
+
+    def rebuild(self, first_offsets: Iterable[tuple[int, int]]) -> None:
+        """Replace the entries from (epoch, base offset) of every batch, in log order; writes the file."""
+        entries: list[tuple[int, int]] = []
+        for epoch, offset in first_offsets:
+            if epoch >= 0 and (not entries or epoch > entries[-1][0]):
+                entries.append((epoch, offset))
+        self.rebuild_needed = False
+        if not entries and not self._damaged:
+            self._entries = entries
+            return  # a new log: the first epoch assigned writes the file
+        self._write(entries)
+        log.warning(
+            "rebuilt leader epoch checkpoint", extra={"file": str(self._file.path), "epochs": len(entries)}
+        )
+
+    def _write(self, entries: list[tuple[int, int]]) -> None:
+        """Write ``entries``, then make them the cache's: a failed write leaves the cache as it was."""
+        with self._write_lock:
+            self._file.write(entries)
+            self._entries = entries
+
+    def flush(self) -> None:
+        """Write truncations made since the last write (call off the event loop)."""
+        if not self._dirty:
+            return
+        with self._write_lock:
+            self._dirty = False
+            try:
+                self._file.write(list(self._entries))
+            except BaseException:
+                self._dirty = True
+                raise
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int | None = None) -> tuple[int, int]:
         """OffsetForLeaderEpoch: (largest epoch <= requested, start offset of the next epoch or LEO)."""
@@ -81,7 +143,7 @@ class LeaderEpochFileCache:
             keep -= 1
         if keep != len(self._entries):
             del self._entries[keep:]
-            self._file.write(self._entries)
+            self._dirty = True
 
     def truncate_from_start(self, start_offset: int) -> None:
         """Forget epochs wholly below ``start_offset``; the one containing it now starts there."""
@@ -92,8 +154,4 @@ class LeaderEpochFileCache:
         if slot == 1 and first == start_offset:
             return
         self._entries[:slot] = [(epoch, start_offset)]
-        self._file.write(self._entries)
-
-    def clear(self) -> None:
-        self._entries = []
-        self._file.write(self._entries)
+        self._dirty = True

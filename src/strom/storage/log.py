@@ -271,6 +271,12 @@ class Log:
             segment.on_become_inactive()
         self._segments = segments
         self._bases = [segment.base_offset for segment in segments]
+        if self.leader_epoch_cache.rebuild_needed:
+            self.leader_epoch_cache.rebuild(
+                (batch.header.partition_leader_epoch, batch.header.base_offset)
+                for segment in segments
+                for batch in segment.scan(headers_only=True)
+            )
         if not segments:
             self._add_segment(self._new_segment(log_start_offset or 0))
         self.active_segment.resize_indexes(self.config.segment_index_bytes)
@@ -278,9 +284,12 @@ class Log:
         log_end = self.log_end_offset
         self.log_start_offset = max(log_start_offset or 0, self._segments[0].base_offset)
         if self.log_start_offset > log_end:
-            # The checkpointed start is ahead of the surviving data: start over there.
-            self._truncate_fully_and_start_at(self.log_start_offset)
-            log_end = self.log_end_offset
+            # A checkpoint beyond the data is damaged, not a reason to hide the whole log.
+            log.warning(
+                "ignoring a checkpointed log start offset beyond the log end",
+                extra={"log": self.dir.name, "log_start_offset": log_start_offset, "log_end_offset": log_end},
+            )
+            self.log_start_offset = self._segments[0].base_offset
         self.recovery_point = log_end if had_clean_shutdown else min(recovery_point, log_end)
         self.leader_epoch_cache.truncate_from_end(log_end)
         self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
@@ -427,8 +436,7 @@ class Log:
         state = self.producer_state
         for header in assigned:
             state.update(header, header.base_offset, header.max_timestamp)
-        if self.log_end_offset - self.recovery_point >= config.flush_messages:
-            self.flush()
+        # flush.messages: the caller flushes (off the event loop) when flush_messages_due says so.
         return LogAppendInfo(first_offset, last_offset, log_append_time, self.log_start_offset, record_count)
 
     def _recompress(
@@ -471,6 +479,11 @@ class Log:
     @property
     def unflushed_messages(self) -> int:
         return self.log_end_offset - self.recovery_point
+
+    @property
+    def flush_messages_due(self) -> bool:
+        """flush.messages unflushed records are waiting: flush before acknowledging them."""
+        return self.unflushed_messages >= self.config.flush_messages
 
     def flush_due(self, now_ms: int) -> bool:
         """True when a rolled segment awaits its flush or flush.ms has passed with unflushed data."""
@@ -826,6 +839,7 @@ class Log:
         if self._closed:
             return
         self.flush()
+        self.leader_epoch_cache.flush()
         with self._flush_lock:
             self.producer_state.advance_map_end_offset(self.log_end_offset)
             self.producer_state.take_snapshot(sync=True)
@@ -838,9 +852,13 @@ class Log:
 
         The directory is renamed ``<name>.<id>-delete`` first (as Kafka does; startup finishes
         such deletions), so a cleaner thread still writing files by path cannot recreate any
-        inside the tree being removed.
+        inside the tree being removed. Like Kafka's asyncDelete, it closes the files without the
+        flush and producer snapshot of ``close``: their data is about to go.
         """
-        self.close()
+        with self._flush_lock:
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
         doomed = self.dir.with_name(f"{self.dir.name}.{uuid.uuid4().hex}-delete")
         os.rename(self.dir, doomed)
         shutil.rmtree(doomed)

@@ -2,12 +2,15 @@
 
 Each log dir holds ``<topic>-<partition>`` directories plus Kafka's per-dir files:
 ``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint``, the log cleaner's
-``cleaner-offset-checkpoint`` and, after a clean shutdown, ``.kafka_cleanshutdown`` (removed at
-startup so a crash is noticed).
+``cleaner-offset-checkpoint``, ``.lock`` (locked exclusively while a broker uses the dir, as Kafka's
+LogManager does, so that a second broker on the same dir fails before touching anything) and,
+after a clean shutdown, ``.kafka_cleanshutdown`` (removed at startup so a crash is noticed).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -15,16 +18,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from strom.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
+    PARTITION_METADATA,
     RECOVERY_POINT_CHECKPOINT,
     OffsetCheckpointFile,
+    PartitionMetadataFile,
     fsync_dir,
 )
 from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner
-from strom.storage.errors import KafkaStorageError
+from strom.storage.errors import KafkaStorageError, StorageError
 from strom.storage.log import (
     CLEAN_SHUTDOWN_FILE,
     InconsistentTopicIdError,
@@ -36,8 +43,42 @@ from strom.storage.log_config import LogConfig
 
 log = logging.getLogger(__name__)
 
+LOCK_FILE = ".lock"
+# Threads that create (or delete) a topic's logs together, and their niceness.
+NEW_LOG_THREADS = 4
+BACKGROUND_NICENESS = 10
+
 # Kafka's producer.id.expiration.ms default: idle producers' state is dropped after a day.
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
+
+
+def _lower_thread_priority() -> None:
+    # Linux schedules threads: a niced worker leaves the CPU to the event loop's thread when both
+    # are runnable, so bulk file work costs clients little latency.
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
+
+
+def _background_pool(tasks: int, name: str) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(
+        min(NEW_LOG_THREADS, tasks), thread_name_prefix=name, initializer=_lower_thread_priority
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NewLog:
+    """A partition log to create: where, with which config, topic id and first leader epoch."""
+
+    log_dir: Path
+    topic: str
+    partition: int
+    config: LogConfig
+    topic_id: uuid.UUID | None
+    leader_epoch: int = 0
+
+
+class LogDirInUseError(KafkaStorageError):
+    """Another process holds a log dir's ``.lock``: most likely another broker runs on it."""
 
 
 class LogManager:
@@ -57,6 +98,40 @@ class LogManager:
         self._checkpoint_lock = threading.Lock()
         # Compaction of logs with cleanup.policy=compact; None until start_cleaner.
         self.cleaner: LogCleaner | None = None
+        # Descriptors of the locked ``.lock`` files, one per log dir (lock_log_dirs).
+        self._lock_fds: list[int] = []
+        # Log dirs whose log-start-offset checkpoint is behind a DeleteRecords.
+        self._log_start_dirty: set[Path] = set()
+
+    # --- the log dirs' locks ---------------------------------------------------------
+
+    def lock_log_dirs(self) -> None:
+        """Lock every log dir exclusively for this process's lifetime (before anything reads or writes it).
+
+        Raises LogDirInUseError, having changed nothing, if another process holds one.
+        """
+        for log_dir in self.log_dirs:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(log_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self.unlock_log_dirs()
+                raise LogDirInUseError(
+                    f"log dir {log_dir} is in use by another process (it holds {log_dir / LOCK_FILE}); "
+                    "is another broker running on it?"
+                ) from None
+            except OSError:
+                os.close(fd)
+                self.unlock_log_dirs()
+                raise
+            self._lock_fds.append(fd)
+
+    def unlock_log_dirs(self) -> None:
+        for fd in self._lock_fds:
+            os.close(fd)  # closing the descriptor releases its flock
+        self._lock_fds = []
 
     # --- startup --------------------------------------------------------------------
 
@@ -113,8 +188,11 @@ class LogManager:
                 )
             except InconsistentTopicIdError as e:
                 stray = child.with_name(f"{child.name}.{uuid.uuid4().hex}-stray")
-                log.warning(
-                    "moving aside a log of a previous topic with the same name",
+                # A previous topic of the same name, or a damaged metadata file: keep the data
+                # aside (Kafka's stray logs) rather than serve or delete it.
+                log.error(
+                    "moving aside a log whose partition.metadata names another topic id than the "
+                    "control plane; it is kept, renamed, for an operator to inspect",
                     extra={"dir": str(child), "to": stray.name, "error": str(e)},
                 )
                 os.rename(child, stray)
@@ -138,8 +216,19 @@ class LogManager:
         self._logs[(log_.topic, log_.partition)] = log_
 
     def _on_log_start_offset_change(self, log_: Log) -> None:
-        # DeleteRecords was acknowledged: make the new start survive a crash now.
-        self._checkpoint_dir(log_.dir.parent, recovery_points=False)
+        # DeleteRecords moved the start: persist_log_start_offsets writes it before the answer.
+        self._log_start_dirty.add(log_.dir.parent)
+
+    def persist_log_start_offsets(self) -> None:
+        """Write the log-start-offset checkpoint of every dir where DeleteRecords moved a start
+        (call off the event loop, before acknowledging the DeleteRecords)."""
+        dirty, self._log_start_dirty = self._log_start_dirty, set()
+        try:
+            for log_dir in dirty:
+                self._checkpoint_dir(log_dir, recovery_points=False)
+        except BaseException:
+            self._log_start_dirty |= dirty
+            raise
 
     # --- logs -----------------------------------------------------------------------
 
@@ -162,23 +251,102 @@ class LogManager:
         return log_
 
     def _next_log_dir(self) -> Path:
-        """Like Kafka: the log dir that holds the fewest partitions."""
+        return self.assign_log_dirs(1)[0]
+
+    def assign_log_dirs(self, count: int) -> list[Path]:
+        """Like Kafka: each new log goes to the log dir that holds the fewest partitions."""
         counts = {d: 0 for d in self.log_dirs}
         for log_ in self._logs.values():
             parent = log_.dir.parent
             if parent in counts:
                 counts[parent] += 1
-        return min(self.log_dirs, key=lambda d: counts[d])
+        chosen = []
+        for _ in range(count):
+            log_dir = min(self.log_dirs, key=lambda d: counts[d])
+            counts[log_dir] += 1
+            chosen.append(log_dir)
+        return chosen
+
+    def open_new_logs(self, specs: list[NewLog]) -> list[Log]:
+        """Create the logs of new partitions (file work only: call off the event loop, then
+        ``register_logs`` on it). If one fails, those created here are deleted again and
+        KafkaStorageError is raised.
+
+        A few threads create them: each log costs a handful of fsyncs (partition.metadata, the
+        leader epoch checkpoint), which the file system commits together when they overlap.
+        """
+        if not specs:
+            return []
+        with _background_pool(len(specs), "strom-new-log") as pool:
+            futures = [pool.submit(self._open_new_log, spec) for spec in specs]
+        opened = [f.result() for f in futures if f.exception() is None]
+        failure = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failure is not None:
+            for log_ in opened:
+                with contextlib.suppress(OSError, StorageError):
+                    log_.delete()
+            if isinstance(failure, StorageError):
+                raise failure
+            raise KafkaStorageError(f"error creating logs: {failure}") from failure
+        log.info("created logs", extra={"logs": len(opened)})
+        return opened
+
+    def _open_new_log(self, spec: NewLog) -> Log:
+        log_ = Log.open(
+            spec.log_dir / f"{spec.topic}-{spec.partition}",
+            spec.config,
+            topic_id=spec.topic_id,
+            time_ms=self._time_ms,
+            had_clean_shutdown=True,  # a new, empty log: nothing to recover
+        )
+        if log_.leader_epoch_cache.latest_epoch is None:
+            # The partition's first epoch, written here rather than on the event loop.
+            log_.leader_epoch_cache.assign(spec.leader_epoch, log_.log_end_offset)
+        return log_
+
+    def register_logs(self, logs: list[Log]) -> None:
+        """Make logs created by ``open_new_logs`` part of the broker (on the event loop)."""
+        for log_ in logs:
+            self._register(log_)
+
+    def unregister_logs(self, keys: list[tuple[str, int]]) -> list[Log]:
+        """Take logs out of the broker (on the event loop) so that nothing appends to them any more;
+        ``delete_logs`` then removes their files off the loop."""
+        return [log_ for key in keys if (log_ := self._logs.pop(key, None)) is not None]
+
+    def delete_logs(self, logs: list[Log]) -> None:
+        """Remove unregistered logs' directories, then checkpoint their log dirs once (off the loop)."""
+        if logs:
+            # Unlinking and removing directories wait on the disk: overlap them as for creation.
+            with _background_pool(len(logs), "strom-del-log") as pool:
+                for _ in pool.map(Log.delete, logs):
+                    pass
+        if self.cleaner is not None:
+            for log_ in logs:
+                self.cleaner.forget(log_)
+        for log_dir in {log_.dir.parent for log_ in logs}:
+            self._checkpoint_dir(log_dir)
+        if logs:
+            log.info("deleted logs", extra={"logs": len(logs)})
 
     def delete_log(self, topic: str, partition: int) -> None:
-        log_ = self._logs.pop((topic, partition), None)
-        if log_ is None:
-            return
-        log_.delete()
-        self._checkpoint_dir(log_.dir.parent)
-        if self.cleaner is not None:
-            self.cleaner.forget(log_)
-        log.info("deleted log", extra={"log": log_.dir.name})
+        self.delete_logs(self.unregister_logs([(topic, partition)]))
+
+    def assign_topic_id(self, log_: Log, topic_id: uuid.UUID) -> None:
+        """Record the topic id of a log whose partition.metadata was missing."""
+        PartitionMetadataFile(log_.dir / PARTITION_METADATA).write(topic_id)
+        log_.topic_id = topic_id
+
+    def move_aside(self, log_: Log, reason: str) -> Path:
+        """Startup: close an unregistered log and rename its directory ``...-stray``, as Kafka keeps a
+        stray log: never deleted, no longer loaded."""
+        log_.close()
+        stray = log_.dir.with_name(f"{log_.dir.name}.{uuid.uuid4().hex}-stray")
+        os.rename(log_.dir, stray)
+        log.warning(
+            "moved a stray log aside", extra={"log": log_.dir.name, "to": stray.name, "reason": reason}
+        )
+        return stray
 
     # --- background work ----------------------------------------------------------
 
@@ -217,7 +385,14 @@ class LogManager:
                     log.exception("flush failed", extra={"log": log_.dir.name})
 
     def checkpoint(self) -> None:
-        """Write every log dir's recovery-point and log-start-offset checkpoints."""
+        """Write every log dir's recovery-point and log-start-offset checkpoints and the leader
+        epoch truncations not yet written (call off the event loop)."""
+        for log_ in self.all_logs():
+            try:
+                log_.leader_epoch_cache.flush()
+            except (OSError, StorageError):
+                if not log_.closed:  # else it is being deleted under us: nothing to keep
+                    raise
         for log_dir in self.log_dirs:
             self._checkpoint_dir(log_dir)
 
@@ -240,4 +415,5 @@ class LogManager:
         for log_dir in self.log_dirs:
             (log_dir / CLEAN_SHUTDOWN_FILE).touch()
             fsync_dir(log_dir)
+        self.unlock_log_dirs()
         log.info("log manager shut down", extra={"logs": len(self._logs)})

@@ -50,7 +50,8 @@ def test_delete_records_survives_a_crash(tmp_path: Path) -> None:
     for _ in range(10):
         log.append_as_leader(make_batch(count=2, value_size=50), 0)
     log.delete_records(7)
-    # No shutdown: the DeleteRecords listener already persisted the start offset.
+    # No shutdown: the broker persists the moved start before answering DeleteRecords.
+    manager.persist_log_start_offsets()
     crashed = LogManager([tmp_path])
     crashed.startup(lambda topic: LogConfig(segment_bytes=500))
     reloaded = crashed.get_log("t", 0)

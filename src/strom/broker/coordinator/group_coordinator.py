@@ -102,9 +102,6 @@ class GroupCoordinator:
         assert self._loop is not None, "the group coordinator has not started"
         return self._loop
 
-    def ensure_offsets_topic(self) -> None:
-        self._ensure_offsets_topic()
-
     # --- JoinGroup -----------------------------------------------------------------------
 
     async def join_group(self, req: JoinRequest) -> JoinResult:

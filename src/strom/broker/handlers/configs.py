@@ -14,6 +14,7 @@ from typing import Any
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
+from strom.storage import KafkaStorageError
 from strom.storage.log_config import TOPIC_CONFIGS, InvalidConfigError, LogConfig, describe_topic_config
 
 TOPIC = 2
@@ -97,7 +98,7 @@ async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
     return build(ctx.response.DescribeConfigsResponse, results=results)
 
 
-def _apply_topic_configs(
+async def _apply_topic_configs(
     ctx: RequestContext, name: str, configs: Mapping[str, str], validate_only: bool
 ) -> None:
     broker = ctx.broker
@@ -108,7 +109,14 @@ def _apply_topic_configs(
     except InvalidConfigError as exc:
         raise ConfigRequestError(ErrorCode.invalid_config, str(exc)) from exc
     if not validate_only:
-        broker.set_topic_configs(name, configs)
+        try:
+            await broker.set_topic_configs(name, configs)
+        except KeyError as exc:  # deleted meanwhile
+            raise ConfigRequestError(
+                ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist"
+            ) from exc
+        except KafkaStorageError as exc:
+            raise ConfigRequestError(ErrorCode.kafka_storage_error, str(exc)) from exc
 
 
 def _refuse_broker(ctx: RequestContext, resource: Any) -> None:
@@ -141,7 +149,7 @@ async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
         try:
             _refuse_broker(ctx, resource)
             configs = {c.name: c.value for c in resource.configs if c.value is not None}
-            _apply_topic_configs(ctx, resource.resource_name, configs, request.validate_only)
+            await _apply_topic_configs(ctx, resource.resource_name, configs, request.validate_only)
         except ConfigRequestError as exc:
             error, message = exc.error, str(exc)
         responses.append(_alter_response(ctx, resource, error, message))
@@ -189,7 +197,7 @@ async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) ->
             configs = dict(topic.configs)
             for c in resource.configs:
                 _incremental(configs, c.config_operation, c.name, c.value)
-            _apply_topic_configs(ctx, resource.resource_name, configs, request.validate_only)
+            await _apply_topic_configs(ctx, resource.resource_name, configs, request.validate_only)
         except ConfigRequestError as exc:
             error, message = exc.error, str(exc)
         responses.append(_alter_response(ctx, resource, error, message))

@@ -14,6 +14,7 @@ from typing import Any
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
+from strom.storage import StorageError
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
@@ -30,7 +31,6 @@ def _lookup(ctx: RequestContext, key_type: int) -> tuple[ErrorCode, str | None, 
         )
     if key_type != GROUP_KEY_TYPE:
         return ErrorCode.invalid_request, f"Unsupported coordinator key type {key_type}", -1, "", -1
-    ctx.broker.group_coordinator.ensure_offsets_topic()
     host, port = ctx.broker.advertised_endpoint()
     return ErrorCode.none, None, ctx.broker.node_id, host, port
 
@@ -39,6 +39,12 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     key_type = getattr(request, "key_type", GROUP_KEY_TYPE)
     error, message, node_id, host, port = _lookup(ctx, key_type)
+    if key_type == GROUP_KEY_TYPE:
+        # The coordinator's topic is created on first use; its creation runs off the event loop.
+        try:
+            await ctx.broker.ensure_offsets_topic()
+        except StorageError as exc:
+            error, message, node_id, host, port = ErrorCode.coordinator_not_available, str(exc), -1, "", -1
     if hasattr(request, "coordinator_keys"):  # v4+: batched lookups
         coordinators = tuple(
             build(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from strom.broker.dispatcher import RequestContext
@@ -14,7 +15,9 @@ from strom.storage import StorageError
 
 async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
-    topics = []
+    # (topic, [partition index, low watermark, error]) in request order.
+    outcomes: list[tuple[str, list[list[Any]]]] = []
+    moved = False
     for topic in request.topics:
         partitions = []
         for p in topic.partitions:
@@ -25,15 +28,35 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
             else:
                 try:
                     low_watermark = partition.delete_records_on_leader(p.offset)
+                    moved = True
                 except StorageError as exc:
                     error = error_code_of(exc)
-            partitions.append(
+            partitions.append([p.partition_index, low_watermark, error])
+        outcomes.append((topic.name, partitions))
+    if moved:
+        # The new log start offsets are on disk before the answer says so (fsync off the loop).
+        log_manager = ctx.broker.log_manager
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, log_manager.persist_log_start_offsets)
+        except (OSError, StorageError):
+            for _, partitions in outcomes:
+                for entry in partitions:
+                    if entry[2] == ErrorCode.none:
+                        entry[1], entry[2] = -1, ErrorCode.kafka_storage_error
+    topics = [
+        build(
+            r.DeleteRecordsTopicResult,
+            name=name,
+            partitions=tuple(
                 build(
                     r.DeleteRecordsPartitionResult,
-                    partition_index=p.partition_index,
+                    partition_index=index,
                     low_watermark=low_watermark,
                     error_code=error,
                 )
-            )
-        topics.append(build(r.DeleteRecordsTopicResult, name=topic.name, partitions=tuple(partitions)))
+                for index, low_watermark, error in partitions
+            ),
+        )
+        for name, partitions in outcomes
+    ]
     return build(r.DeleteRecordsResponse, topics=tuple(topics))

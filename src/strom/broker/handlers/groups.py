@@ -25,6 +25,7 @@ def client_host(ctx: RequestContext) -> str:
 async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
     session_timeout = to_ms(request.session_timeout)
     rebalance_timeout = to_ms(getattr(request, "rebalance_timeout", request.session_timeout))
+    await ctx.broker.prepare_offsets_topic()  # off the event loop, on first use
     result = await ctx.broker.group_coordinator.join_group(
         JoinRequest(
             group_id=request.group_id,

@@ -10,6 +10,7 @@ from strom.broker.cluster.metadata import TopicState
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, ZERO_UUID, build
+from strom.storage import StorageError
 
 
 def broker_entities(ctx: RequestContext, entity_type: type[Any]) -> tuple[Any, ...]:
@@ -91,7 +92,11 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 if not allow_auto_create:
                     topics.append(_error_topic(ctx, ErrorCode.unknown_topic_or_partition, name, None))
                     continue
-                topic = broker.auto_create_topic(name)
+                try:
+                    topic = await broker.auto_create_topic(name)
+                except StorageError:
+                    topics.append(_error_topic(ctx, ErrorCode.kafka_storage_error, name, None))
+                    continue
             topics.append(_topic_entity(ctx, topic))
     r = ctx.response
     return build(

@@ -65,6 +65,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
             )
     errors: dict[TopicPartition, ErrorCode] = dict.fromkeys(unknown, ErrorCode.unknown_topic_or_partition)
     if offsets:
+        await ctx.broker.prepare_offsets_topic()  # off the event loop, on first use
         errors.update(
             ctx.broker.group_coordinator.commit_offsets(
                 request.group_id,

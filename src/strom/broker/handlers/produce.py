@@ -64,7 +64,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 entries.append((tp, data.records))
         order.append((topic_id or ZERO_UUID if by_id else name, tps))
 
-    results = broker.replica_manager.append_records(acks, entries) if entries else {}
+    results = await broker.replica_manager.append(acks, entries) if entries else {}
     results.update(early)
     if acks == 0:
         if any(result.error != ErrorCode.none for result in results.values()):

@@ -12,10 +12,11 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from strom.broker.cluster.local import InvalidTopicError, validate_topic_name
+from strom.broker.cluster.local import InvalidTopicError, TopicExistsError, validate_topic_name
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import ZERO_UUID, build
+from strom.storage import KafkaStorageError
 from strom.storage.log_config import InvalidConfigError, LogConfig, describe_topic_config
 
 MAX_PARTITIONS_PER_REQUEST = 10_000
@@ -126,7 +127,12 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                 raise TopicRequestError(ErrorCode.invalid_config, str(exc)) from exc
             topic_id = ZERO_UUID
             if not request.validate_only:
-                topic_id = broker.create_topic(topic.name, num_partitions, configs).topic_id
+                try:
+                    topic_id = (await broker.create_topic(topic.name, num_partitions, configs)).topic_id
+                except TopicExistsError as exc:  # created meanwhile by another request
+                    raise TopicRequestError(ErrorCode.topic_already_exists, str(exc)) from exc
+                except KafkaStorageError as exc:
+                    raise TopicRequestError(ErrorCode.kafka_storage_error, str(exc)) from exc
         except TopicRequestError as exc:
             results.append(
                 build(
@@ -189,7 +195,11 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
         elif not broker.config.delete_topic_enable:
             error, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
         else:
-            broker.delete_topic(topic.name)
+            try:
+                if await broker.delete_topic(topic.name) is None:  # deleted meanwhile
+                    error = ErrorCode.unknown_topic_or_partition
+            except KafkaStorageError as exc:
+                error, message = ErrorCode.kafka_storage_error, str(exc)
         results.append(
             build(
                 r.DeletableTopicResult,
@@ -251,7 +261,14 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
                     ctx, [tuple(a.broker_ids) for a in topic.assignments], len(current.partitions[0].replicas)
                 )
             if not request.validate_only:
-                broker.create_partitions(topic.name, topic.count)
+                try:
+                    await broker.create_partitions(topic.name, topic.count)
+                except KeyError as exc:  # deleted meanwhile
+                    raise TopicRequestError(
+                        ErrorCode.unknown_topic_or_partition, f"The topic '{topic.name}' does not exist."
+                    ) from exc
+                except KafkaStorageError as exc:
+                    raise TopicRequestError(ErrorCode.kafka_storage_error, str(exc)) from exc
         except TopicRequestError as exc:
             error, message = exc.error, str(exc)
         results.append(
