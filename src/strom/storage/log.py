@@ -269,6 +269,8 @@ class Log:
                     break
         for segment in segments[:-1]:
             segment.on_become_inactive()
+            # Lazy indexes: an inactive segment holds no index entries or descriptors until read.
+            segment.release_indexes()
         self._segments = segments
         self._bases = [segment.base_offset for segment in segments]
         if not segments:
