@@ -44,6 +44,11 @@ class Partition:
         return ErrorCode.fenced_leader_epoch
 
     @property
+    def offline(self) -> bool:
+        """The log's dir failed an I/O operation (Kafka then answers KAFKA_STORAGE_ERROR)."""
+        return self.log.offline
+
+    @property
     def log_end_offset(self) -> int:
         return self.log.log_end_offset
 

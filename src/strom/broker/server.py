@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import socket
 import time
 from collections.abc import Mapping
@@ -24,6 +25,28 @@ from strom.storage import LogConfig, LogManager
 log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK_SIZE = 1000
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit and return it: the broker keeps a descriptor
+    per segment (10,000 segments need 10,000), and the usual soft limit is 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as e:
+            log.warning(
+                "could not raise the open file limit", extra={"soft": soft, "hard": hard, "error": str(e)}
+            )
+    log.info("open file limit (RLIMIT_NOFILE)", extra={"soft": soft, "hard": hard})
+    return soft
 
 
 class ProducerIdManager:
@@ -81,6 +104,7 @@ class BrokerServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        raise_open_file_limit()
         self.control_plane.load()
         topics = {t.name: t for t in self.control_plane.image.topics()}
         await loop.run_in_executor(

@@ -29,11 +29,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_fully(fd: int, content: bytes) -> None:
+    """os.write until everything is written: on a full disk a write can be short before it fails."""
+    view = memoryview(content)
+    written = 0
+    while written < len(view):
+        written += os.write(fd, view[written:])
+
+
 def write_atomically(path: Path, content: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, content)
+        write_fully(fd, content)
         os.fsync(fd)
     finally:
         os.close(fd)

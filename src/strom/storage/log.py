@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
 from strom.records import batch as rb
 from strom.storage.checkpoint import PARTITION_METADATA, PartitionMetadataFile, fsync_dir
@@ -31,6 +33,7 @@ from strom.storage.errors import (
 )
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
 from strom.storage.log_config import LogConfig
+from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
 from strom.storage.log_segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -102,11 +105,36 @@ class InconsistentTopicIdError(KafkaStorageError):
     """The directory's partition.metadata names another topic id (a stale directory)."""
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _log_dir_io(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concatenate[Log, _P], _R]:
+    """An OSError under ``method`` (raw, or wrapped in a KafkaStorageError by a segment) takes the
+    log's dir offline through its failure channel and surfaces as KAFKA_STORAGE_ERROR."""
+
+    @functools.wraps(method)
+    def guarded(self: Log, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(self, *args, **kwargs)
+        except LogDirOfflineError:
+            raise
+        except OSError as e:
+            raise self._log_dir_failed(method.__name__, e) from e
+        except KafkaStorageError as e:
+            if isinstance(e.__cause__, OSError):
+                raise self._log_dir_failed(method.__name__, e.__cause__) from e
+            raise
+
+    return guarded
+
+
 class Log:
     def __init__(
         self, dir: Path, config: LogConfig, topic_id: uuid.UUID | None, time_ms: Callable[[], int]
     ) -> None:
         self.dir = dir
+        self.log_dir = dir.parent
         self.topic, self.partition = parse_topic_partition(dir.name)
         self.config = config
         self.topic_id = topic_id
@@ -127,6 +155,8 @@ class Log:
         self.producer_state = ProducerStateManager(dir)
         # Set by LogManager: persists the log start offset when DeleteRecords moves it.
         self.log_start_offset_listener: Callable[[Log], None] | None = None
+        # LogManager shares one channel between its logs; a log on its own has its own.
+        self.log_dir_failure_channel = LogDirFailureChannel()
 
     # --- opening and recovery -----------------------------------------------------
 
@@ -360,12 +390,25 @@ class Log:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def offline(self) -> bool:
+        """The log's dir failed an I/O operation: nothing is read or written until a restart."""
+        return self.log_dir_failure_channel.is_offline(self.log_dir)
+
     def _check_open(self) -> None:
         if self._closed:
             raise KafkaStorageError(f"log {self.dir.name} is closed")
+        if self.offline:
+            raise self.log_dir_failure_channel.offline_error(self.log_dir)
+
+    def _log_dir_failed(self, what: str, cause: OSError) -> LogDirOfflineError:
+        return self.log_dir_failure_channel.maybe_add_offline_log_dir(
+            self.log_dir, f"{what} on {self.dir.name}", cause
+        )
 
     # --- appending ------------------------------------------------------------------
 
+    @_log_dir_io
     def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> LogAppendInfo:
         """Validate a client's record set, assign offsets and append it.
 
@@ -451,6 +494,7 @@ class Log:
                 )
         return recompressed, headers
 
+    @_log_dir_io
     def roll(self) -> LogSegment:
         """Start a new active segment at the log end offset (no-op if the active one is empty)."""
         self._check_open()
@@ -476,12 +520,13 @@ class Log:
 
     def flush_due(self, now_ms: int) -> bool:
         """True when a rolled segment awaits its flush or flush.ms has passed with unflushed data."""
-        if self._closed:
+        if self._closed or self.offline:
             return False
         if self._roll_flush_pending:
             return True
         return self.unflushed_messages > 0 and now_ms - self.last_flush_ms >= self.config.flush_ms
 
+    @_log_dir_io
     def flush(self, up_to: int | None = None) -> None:
         """fsync everything below ``up_to`` (default: the log end) and advance the recovery point.
 
@@ -515,6 +560,7 @@ class Log:
 
     # --- reading ----------------------------------------------------------------------
 
+    @_log_dir_io
     def read(
         self, fetch_offset: int, max_bytes: int, max_offset: int | None = None, min_one_batch: bool = True
     ) -> FetchDataInfo:
@@ -537,6 +583,7 @@ class Log:
                 return FetchDataInfo(fetch_offset, data)
         return FetchDataInfo(fetch_offset, b"")
 
+    @_log_dir_io
     def fetch_offset_by_timestamp(self, timestamp: int) -> TimestampAndOffset | None:
         """ListOffsets: the first offset whose record timestamp >= ``timestamp``, or a special one."""
         self._check_open()
@@ -604,6 +651,7 @@ class Log:
 
     # --- deleting data ------------------------------------------------------------------
 
+    @_log_dir_io
     def delete_records(self, offset: int) -> int:
         """DeleteRecords: move the log start offset up to ``offset``; returns the new log start offset."""
         self._check_open()
@@ -617,6 +665,7 @@ class Log:
             self._delete_segments(self._deletable_below_log_start())
         return self.log_start_offset
 
+    @_log_dir_io
     def delete_retention_segments(self, now_ms: int | None = None, high_watermark: int | None = None) -> int:
         """Apply retention.ms / retention.bytes and drop segments below the log start; returns count.
 
@@ -694,6 +743,7 @@ class Log:
         )
         return len(deletable)
 
+    @_log_dir_io
     def replace_segments(
         self, old: Sequence[LogSegment], sizes: Sequence[int]
     ) -> tuple[LogSegment, list[Path]] | None:
@@ -754,6 +804,7 @@ class Log:
             self.producer_state.delete_snapshot(replaced.base_offset)
         return segment, deleted
 
+    @_log_dir_io
     def delete_pending_files(self, now_ms: int | None = None) -> int:
         """Unlink the files of segments deleted by retention or DeleteRecords whose
         ``file.delete.delay.ms`` has passed; returns how many.
@@ -775,6 +826,7 @@ class Log:
         if persist and self.log_start_offset_listener is not None:
             self.log_start_offset_listener(self)
 
+    @_log_dir_io
     def truncate_to(self, offset: int) -> bool:
         """Remove every batch at or after the one containing ``offset`` (follower truncation)."""
         self._check_open()
@@ -824,17 +876,37 @@ class Log:
         self.config = config
 
     def close(self) -> None:
-        """Flush, snapshot producer state at the log end and release every file."""
+        """Flush, snapshot producer state at the log end and release every file.
+
+        Never raises for I/O: an error takes the log dir offline (logged once), the files are
+        released all the same (Kafka's closeHandlers: no flush, snapshot or final index entry
+        on a failed dir) and the next start recovers the log.
+        """
         if self._closed:
+            return
+        with contextlib.suppress(LogDirOfflineError):
+            self._flush_and_snapshot()
+        with self._flush_lock:
+            self._closed = True
+            for segment in self._segments:
+                if self.offline:
+                    segment.close_handles()
+                    continue
+                try:
+                    segment.close()
+                except OSError as e:
+                    self._log_dir_failed("close", e)
+
+    @_log_dir_io
+    def _flush_and_snapshot(self) -> None:
+        if self.offline:
             return
         self.flush()
         with self._flush_lock:
             self.producer_state.advance_map_end_offset(self.log_end_offset)
             self.producer_state.take_snapshot(sync=True)
-            self._closed = True
-            for segment in self._segments:
-                segment.close()
 
+    @_log_dir_io
     def delete(self) -> None:
         """Close the log and remove its directory.
 
