@@ -7,8 +7,8 @@ is an ``OSError`` and never a SIGBUS) and truncation cuts the file. Lookups run 
 in-memory copy of the entries.
 
 Indexes are lazy (Kafka's LazyIndex): nothing is read or opened until the entries are
-needed, and the file descriptor, opened for the first write, is released once the
-segment is inactive and its entries are synced. An inactive segment therefore holds no
+needed, and the file descriptor, opened for the first write, is closed when the
+segment rolls (a later flush syncs the file by path). An inactive segment therefore holds no
 index descriptor; only the entries of segments that were read stay in memory.
 
 The event-loop thread appends; a flushing worker thread may call ``flush``
@@ -152,20 +152,25 @@ class _Index:
             self._file_length = len(self._data)
 
     def mark_inactive(self) -> None:
-        """The segment rolled: no more appends; the descriptor goes once the entries are synced."""
+        """The segment rolled: no more appends, so no descriptor (a flush syncs the file by path)."""
         self.trim_to_valid_size()
         self._inactive = True
-        if not self._dirty:
-            self._close_fd()
+        self._close_fd()
 
     def flush(self) -> None:
-        if self._fd < 0:
+        if not self._dirty:
             return
         # Cleared before the fsync: an append racing with it marks the index dirty again.
         self._dirty = False
-        os.fsync(self._fd)
-        if self._inactive and not self._dirty:
-            self._close_fd()
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            return
+        # fsync syncs the file's dirty pages whichever descriptor wrote them.
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self.trim_to_valid_size()
@@ -175,8 +180,8 @@ class _Index:
         self._close_fd()
 
     def release(self) -> None:
-        """Forget the entries and the descriptor of an inactive, synced index (reloaded on use)."""
-        if self._inactive and not self._dirty:
+        """Forget the entries of an inactive index (read again on use)."""
+        if self._inactive:
             self._close_fd()
             self._data = None
             self._invalidate_last()
