@@ -120,10 +120,10 @@ def _log_dir_io(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concaten
         except LogDirOfflineError:
             raise
         except OSError as e:
-            raise self._log_dir_failed(method.__name__, e) from e
+            raise self.log_dir_failed(method.__name__, e) from e
         except KafkaStorageError as e:
             if isinstance(e.__cause__, OSError):
-                raise self._log_dir_failed(method.__name__, e.__cause__) from e
+                raise self.log_dir_failed(method.__name__, e.__cause__) from e
             raise
 
     return guarded
@@ -178,13 +178,16 @@ class Log:
         files (LogManager); ``had_clean_shutdown`` defaults to the presence of the
         log dir's clean-shutdown marker.
         """
-        dir.mkdir(parents=True, exist_ok=True)
         metadata = PartitionMetadataFile(dir / PARTITION_METADATA)
-        stored_id = metadata.read()
-        if stored_id is not None and topic_id is not None and stored_id != topic_id:
-            raise InconsistentTopicIdError(f"{dir} belongs to topic id {stored_id}, not {topic_id}")
-        if stored_id is None and topic_id is not None:
-            metadata.write(topic_id)
+        try:
+            dir.mkdir(parents=True, exist_ok=True)
+            stored_id = metadata.read()
+            if stored_id is not None and topic_id is not None and stored_id != topic_id:
+                raise InconsistentTopicIdError(f"{dir} belongs to topic id {stored_id}, not {topic_id}")
+            if stored_id is None and topic_id is not None:
+                metadata.write(topic_id)
+        except OSError as e:
+            raise KafkaStorageError(f"error opening log {dir}: {e}") from e
         if had_clean_shutdown is None:
             had_clean_shutdown = (dir.parent / CLEAN_SHUTDOWN_FILE).exists()
         log_ = cls(dir, config, topic_id or stored_id, time_ms)
@@ -401,7 +404,8 @@ class Log:
         if self.offline:
             raise self.log_dir_failure_channel.offline_error(self.log_dir)
 
-    def _log_dir_failed(self, what: str, cause: OSError) -> LogDirOfflineError:
+    def log_dir_failed(self, what: str, cause: OSError) -> LogDirOfflineError:
+        """Take the log's dir offline (once) for ``cause``; the error to raise."""
         return self.log_dir_failure_channel.maybe_add_offline_log_dir(
             self.log_dir, f"{what} on {self.dir.name}", cause
         )
@@ -895,7 +899,7 @@ class Log:
                 try:
                     segment.close()
                 except OSError as e:
-                    self._log_dir_failed("close", e)
+                    self.log_dir_failed("close", e)
 
     @_log_dir_io
     def _flush_and_snapshot(self) -> None:
