@@ -88,8 +88,9 @@ class LogSegment:
         self.rolling_based_timestamp: int | None = None
         self._bytes_since_last_index_entry = 0
         self._inactive = False
-        # Serialises fsync with anything that closes or truncates the files.
-        self._lock = threading.Lock()
+        # Serialises fsync with anything that closes or truncates the files; reentrant because a
+        # lazy index load under it may rebuild the indexes, which marks the segment inactive again.
+        self._lock = threading.RLock()
         self._closed = False
 
     # --- indexes ------------------------------------------------------------------

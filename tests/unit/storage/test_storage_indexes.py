@@ -181,3 +181,20 @@ def test_rolled_segment_index_is_trimmed_and_synced(tmp_path: Path) -> None:
         assert index.path.stat().st_size == index.entries * 8
         assert segment.time_index.path.stat().st_size == segment.time_index.entries * 12
     log.close()
+
+
+def test_damaged_released_index_is_rebuilt_when_first_used(tmp_path: Path) -> None:
+    dir, end = closed_cleanly(tmp_path)
+    reopened = Log.open(dir, CONFIG)
+    segment = reopened.segments[1]
+    # Damaged after the startup check, while released: the first lookup checks and rebuilds it.
+    segment.offset_index.path.write_bytes(struct.pack(">ii", 1, -1))
+    segment.release_indexes()
+    assert read_all(reopened) == [(i * 2, i * 2 + 1) for i in range(end // 2)]
+    segment.offset_index.sanity_check(segment.size)
+    # The same when a follower truncation is the first use.
+    segment.offset_index.path.write_bytes(b"\xff" * 12)
+    segment.release_indexes()
+    assert reopened.truncate_to(segment.base_offset + 3)
+    assert reopened.log_end_offset == segment.base_offset + 2
+    reopened.close()
