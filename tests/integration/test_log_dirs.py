@@ -68,3 +68,45 @@ def test_kafka_python_admin_describes_log_dirs(
     assert log_dir["error_code"] == 0 and Path(log_dir["log_dir"]) == broker.data_dir.absolute()
     topics = {t["name"]: t for t in log_dir["topics"]}
     assert {p["partition_index"] for p in topics[TOPIC]["partitions"]} == {0, 1}
+
+
+def test_broker_starts_with_a_log_dir_that_fails_to_load_and_recovers_after_repair(tmp_path: Path) -> None:
+    """An I/O error while loading (here EISDIR: a directory where a segment file should be) takes
+    the log dir offline; the broker still starts, answers Metadata and KAFKA_STORAGE_ERROR, and
+    serves every record again once the damage is repaired and it restarts."""
+    topic = "load-failure"
+    broker = BrokerProcess(tmp_path)
+    try:
+        broker.start()
+        with KafkaWire.connect(broker.bootstrap) as conn:
+            assert conn.create_topic(topic) == ErrorCode.none
+            for i in range(5):
+                assert conn.produce_ok(topic, encode_batch([RecordSpec(key=None, value=b"%d" % i)])) == i
+        broker.stop()
+        damage = broker.data_dir / f"{topic}-0" / "00000000000000099999.log"
+        damage.mkdir()
+
+        broker.start()
+        with KafkaWire.connect(broker.bootstrap) as conn:
+            (described,) = conn.metadata(topic).topics
+            (partition,) = described.partitions
+            assert partition.error_code == ErrorCode.leader_not_available and partition.leader_id == -1
+            one = encode_batch([RecordSpec(key=None, value=b"x")])
+            assert conn.produce(topic, one).error_code == ErrorCode.kafka_storage_error
+            assert conn.fetch(topic, 0).error_code == ErrorCode.kafka_storage_error
+            module = kio_request("describe_log_dirs", 4)
+            (result,) = conn.request(module.DescribeLogDirsRequest(topics=None)).results
+            assert result.error_code == ErrorCode.kafka_storage_error
+        log_text = broker.log_path.read_text(errors="replace")
+        assert log_text.count("is offline after an I/O error") == 1
+        broker.stop()
+
+        damage.rmdir()
+        broker.start()
+        with KafkaWire.connect(broker.bootstrap) as conn:
+            assert conn.fetch(topic, 0).error_code == ErrorCode.none
+            assert conn.produce_ok(topic, encode_batch([RecordSpec(key=None, value=b"5")])) == 5
+        broker.stop()
+    finally:
+        if broker.running:
+            broker.kill9()

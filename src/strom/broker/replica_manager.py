@@ -77,7 +77,7 @@ class ReplicaManager:
                 log_ = self.log_manager.get_or_create_log(topic.name, state.partition, config, topic.topic_id)
                 self._partitions[tp] = Partition(tp, log_, state.leader_epoch, list(state.isr))
             except KafkaStorageError as exc:
-                log.warning("partition %s is offline: %s", tp, exc)
+                log.debug("partition %s is offline: %s", tp, exc)  # the failure channel logged the cause
                 self._offline_partitions.add(tp)
 
     def update_config(self, topic: TopicState) -> None:
