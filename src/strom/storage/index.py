@@ -144,11 +144,11 @@ class _Index:
         self._inactive = False
 
     def trim_to_valid_size(self) -> None:
-        """Cut anything after the entries (a torn write left by a failed append)."""
-        if self._data is None:
-            return
-        if self._file_length != len(self._data):
-            os.ftruncate(self._write_fd(), len(self._data))
+        """Cut anything after the entries (a torn write left by a failed append), through the
+        descriptor this index writes with: by close time its path may name another file (a
+        cleaned segment swapped in)."""
+        if self._data is not None and self._fd >= 0 and self._file_length != len(self._data):
+            os.ftruncate(self._fd, len(self._data))
             self._file_length = len(self._data)
 
     def mark_inactive(self) -> None:
@@ -166,7 +166,10 @@ class _Index:
             os.fsync(self._fd)
             return
         # fsync syncs the file's dirty pages whichever descriptor wrote them.
-        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # deleted (retention) or swapped out (cleaner) meanwhile: nothing to keep
         try:
             os.fsync(fd)
         finally:
@@ -219,8 +222,12 @@ class _Index:
         position = len(data)
         fd = self._write_fd()
         written = 0
-        while written < len(entry):
-            written += os.pwrite(fd, entry[written:], position + written)
+        try:
+            while written < len(entry):
+                written += os.pwrite(fd, entry[written:], position + written)
+        except OSError:
+            self._file_length = -1  # a torn entry may follow the entries: trim cuts it
+            raise
         # Only a whole, written entry becomes visible to lookups.
         self._dirty = True
         data += entry

@@ -245,7 +245,7 @@ class LogSegment:
 
     def on_become_inactive(self) -> None:
         """Called at roll: record the final max timestamp, cut the indexes to their entries and
-        let their descriptors go once synced."""
+        close their descriptors (the next flush syncs them by path)."""
         with self._lock:
             self._inactive = True
             self._append_final_time_entry()

@@ -198,3 +198,24 @@ def test_damaged_released_index_is_rebuilt_when_first_used(tmp_path: Path) -> No
     assert reopened.truncate_to(segment.base_offset + 3)
     assert reopened.log_end_offset == segment.base_offset + 2
     reopened.close()
+
+
+def test_torn_index_write_is_invisible_and_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "00000000000000000000.index"
+    index = OffsetIndex(path, 0, 1024)
+    index.create()
+    index.append(1, 100)
+    real_pwrite = os.pwrite
+
+    def torn(fd: int, data: bytes, offset: int) -> int:
+        real_pwrite(fd, data[:4], offset)
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("strom.storage.index.os.pwrite", torn)
+        with pytest.raises(OSError):
+            index.append(2, 200)
+    assert index.entries == 1 and path.stat().st_size == 12
+    index.mark_inactive()  # the roll cuts the torn bytes
+    assert path.read_bytes() == struct.pack(">ii", 1, 100)
+    index.close()
