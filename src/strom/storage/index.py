@@ -121,21 +121,27 @@ class _Index:
 
     # --- sizing -----------------------------------------------------------------
 
-    @property
-    def entries(self) -> int:
-        return len(self._entries_data()) // self.entry_size
+    # The append path asks these for every batch: they read ``_data`` directly when loaded.
 
     @property
-    def max_entries(self) -> int:
-        return max(self._max_index_size, self.size_in_bytes) // self.entry_size
+    def entries(self) -> int:
+        data = self._data if self._data is not None else self._entries_data()
+        return len(data) // self.entry_size
+
+    @property
+    def has_room(self) -> bool:
+        """Another entry fits under ``segment.index.bytes``."""
+        data = self._data if self._data is not None else self._entries_data()
+        return len(data) < self._max_index_size
 
     @property
     def is_full(self) -> bool:
-        return self.entries >= self.max_entries
+        return not self.has_room
 
     @property
     def size_in_bytes(self) -> int:
-        return len(self._entries_data())
+        data = self._data if self._data is not None else self._entries_data()
+        return len(data)
 
     def resize(self, max_index_size: int | None = None) -> None:
         """The (active segment's) index may hold up to ``max_index_size`` bytes of entries again."""
@@ -242,7 +248,7 @@ class _Index:
         return relative
 
     def _check_room(self) -> None:
-        if self.entries >= self.max_entries:
+        if not self.has_room:
             raise KafkaStorageError(f"index {self.path} is full ({self.entries} entries)")
 
     def _check_length(self) -> None:
@@ -354,7 +360,8 @@ class TimeIndex(_Index):
 
     @property
     def is_full(self) -> bool:
-        return self.entries >= self.max_entries - 1
+        data = self._data if self._data is not None else self._entries_data()
+        return len(data) + self.entry_size >= self._max_index_size
 
     _last_entry: TimestampOffset | None = None
 

@@ -396,7 +396,8 @@ class Log:
     @property
     def offline(self) -> bool:
         """The log's dir failed an I/O operation: nothing is read or written until a restart."""
-        return self.log_dir_failure_channel.is_offline(self.log_dir)
+        channel = self.log_dir_failure_channel
+        return channel.any_offline and channel.is_offline(self.log_dir)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -28,9 +28,11 @@ class LogDirFailureChannel:
     def __init__(self) -> None:
         self._offline: dict[Path, str] = {}
         self._lock = threading.Lock()
+        # Checked on every append and read before anything else: one attribute while all is well.
+        self.any_offline = False
 
     def is_offline(self, log_dir: Path) -> bool:
-        return log_dir in self._offline
+        return self.any_offline and log_dir in self._offline
 
     def offline_dirs(self) -> dict[Path, str]:
         """Each offline dir with the cause that took it offline."""
@@ -44,6 +46,7 @@ class LogDirFailureChannel:
             first = log_dir not in self._offline
             if first:
                 self._offline[log_dir] = reason
+                self.any_offline = True
         if first:
             log.error(
                 "log dir %s is offline after an I/O error (%s); its partitions answer "

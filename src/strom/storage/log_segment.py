@@ -217,7 +217,7 @@ class LogSegment:
 
     def _append_final_time_entry(self) -> None:
         """Record the segment's max timestamp in the slot the time index keeps for it."""
-        if self.time_index.entries < self.time_index.max_entries:
+        if self.time_index.has_room:
             self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far, True)
 
     def should_roll(
