@@ -256,7 +256,9 @@ class LogManager:
                     {(lg.topic, lg.partition): lg.log_start_offset for lg in logs}
                 )
         except OSError as e:
-            raise self.log_dir_failure_channel.maybe_add_offline_log_dir(log_dir, "writing checkpoints", e) from e
+            raise self.log_dir_failure_channel.maybe_add_offline_log_dir(
+                log_dir, "writing checkpoints", e
+            ) from e
 
     def online_logs(self) -> list[Log]:
         return [log_ for log_ in self._logs.values() if not log_.offline]
