@@ -34,7 +34,10 @@ HEADROOM = 5 << 20
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, check=False)
+    try:
+        return subprocess.run(args, capture_output=True, text=True, check=False)
+    except FileNotFoundError as e:  # the tool is not installed
+        return subprocess.CompletedProcess(args, 127, "", str(e))
 
 
 @contextlib.contextmanager

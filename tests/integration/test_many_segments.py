@@ -8,6 +8,7 @@ bench/many_segments.py runs the same with 10,000 segments under the machine's ow
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,12 @@ class LimitedBroker(BrokerProcess):
     """A broker started with the usual soft open-file limit of 1,024 and a hard limit of ``NOFILE``."""
 
     def command(self) -> list[str]:
-        return ["prlimit", f"--nofile=1024:{NOFILE}", "--", *super().command()]
+        limit = (
+            "import os, resource, sys; "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, (1024, {NOFILE})); "
+            "os.execv(sys.argv[1], sys.argv[1:])"
+        )
+        return [sys.executable, "-c", limit, *super().command()]
 
 
 def produce_one_segment_each(wire: KafkaWire, topic: str, count: int) -> None:
