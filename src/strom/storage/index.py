@@ -23,6 +23,7 @@ import os
 import struct
 import sys
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
@@ -140,8 +141,12 @@ class _Index:
 
     @property
     def size_in_bytes(self) -> int:
-        data = self._data if self._data is not None else self._entries_data()
-        return len(data)
+        if self._data is None:  # not worth loading: the file holds exactly the entries
+            try:
+                return self.path.stat().st_size // self.entry_size * self.entry_size
+            except FileNotFoundError:
+                return 0
+        return len(self._data)
 
     def resize(self, max_index_size: int | None = None) -> None:
         """The (active segment's) index may hold up to ``max_index_size`` bytes of entries again."""
@@ -258,6 +263,31 @@ class _Index:
                 f"{self.path} has a size ({self._file_length}) that is not a multiple of {self.entry_size}"
             )
 
+    def _ends(self) -> tuple[bytes, bytes, bytes]:
+        """The first, second-to-last and last entries (b"" when there is none), read without
+        loading the index: startup checks every segment's index this way, in O(1)."""
+        size = self.entry_size
+        data = self._data
+        if data is not None:
+            return self._pick_ends(self._file_length, lambda at: bytes(data[at : at + size]))
+        try:
+            with open(self.path, "rb") as f:
+                fd = f.fileno()
+                return self._pick_ends(os.fstat(fd).st_size, lambda at: os.pread(fd, size, at))
+        except FileNotFoundError:
+            return b"", b"", b""
+
+    def _pick_ends(self, length: int, read: Callable[[int], bytes]) -> tuple[bytes, bytes, bytes]:
+        size = self.entry_size
+        if length % size:
+            raise CorruptIndexError(f"{self.path} has a size ({length}) that is not a multiple of {size}")
+        count = length // size
+
+        def entry(n: int) -> bytes:
+            return read(n * size) if 0 <= n < count else b""
+
+        return entry(0), entry(count - 2), entry(count - 1)
+
 
 class OffsetIndex(_Index):
     """Maps offsets to file positions: entry = relative offset (int32), position (int32)."""
@@ -324,6 +354,22 @@ class OffsetIndex(_Index):
         if slot >= 0 and self.entry(slot).offset == offset:
             slot -= 1
         self._truncate_entries(slot + 1)
+
+    def check_ends(self, segment_size: int) -> OffsetPosition:
+        """The startup check (O(1)): whole entries, a first entry at or after the base, and a last
+        entry after the one before it and inside the log; returns the last entry."""
+        first, previous, last = self._ends()
+        if not last:
+            return OffsetPosition(self.base_offset, 0)
+        first_relative, first_position = _OFFSET_ENTRY.unpack(first)
+        relative, position = _OFFSET_ENTRY.unpack(last)
+        if first_relative < 0 or first_position < 0 or not 0 <= position < segment_size:
+            raise CorruptIndexError(f"{self.path} has an entry outside its segment")
+        if previous:
+            previous_relative, previous_position = _OFFSET_ENTRY.unpack(previous)
+            if relative <= previous_relative or position <= previous_position:
+                raise CorruptIndexError(f"{self.path} has an invalid last entry")
+        return OffsetPosition(self.base_offset + relative, position)
 
     def sanity_check(self, segment_size: int) -> None:
         """Kafka's checks, over every entry: whole entries, offsets and positions strictly
@@ -406,6 +452,21 @@ class TimeIndex(_Index):
             keep -= 1
         self._truncate_entries(keep)
 
+    def check_ends(self, segment_next_offset: int) -> TimestampOffset:
+        """The startup check (O(1)): whole entries, and a last entry after the one before it and
+        inside the segment; returns the last entry."""
+        _first, previous, last = self._ends()
+        if not last:
+            return TimestampOffset(-1, self.base_offset)
+        timestamp, relative = _TIME_ENTRY.unpack(last)
+        if relative < 0 or self.base_offset + relative > max(segment_next_offset - 1, self.base_offset):
+            raise CorruptIndexError(f"{self.path} points outside its segment")
+        if previous:
+            previous_timestamp, previous_relative = _TIME_ENTRY.unpack(previous)
+            if timestamp <= previous_timestamp or relative < previous_relative:
+                raise CorruptIndexError(f"{self.path} has an invalid last entry")
+        return TimestampOffset(timestamp, self.base_offset + relative)
+
     def sanity_check(self, segment_next_offset: int) -> None:
         """Whole entries, timestamps strictly and offsets weakly increasing, all within the segment."""
         self._check_length()
@@ -419,6 +480,6 @@ class TimeIndex(_Index):
             raise CorruptIndexError(f"{self.path} has offsets that are negative or decrease")
         if self.base_offset + relative[-1] > max(segment_next_offset - 1, self.base_offset):
             raise CorruptIndexError(f"{self.path} points past the end of its segment")
-        timestamps = [timestamp for timestamp, _ in _TIME_ENTRY.iter_unpack(data)]
+        timestamps = list(map(operator.itemgetter(0), _TIME_ENTRY.iter_unpack(data)))
         if not all(map(operator.lt, timestamps, timestamps[1:])):
             raise CorruptIndexError(f"{self.path} has timestamps that do not increase")

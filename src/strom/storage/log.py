@@ -9,6 +9,7 @@ the segment list under ``_lock``, the only lock that list mutations take.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import functools
 import itertools
@@ -58,6 +59,10 @@ CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 DELETED_SUFFIX = ".deleted"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
+
+# Inactive segments whose index entries reads loaded stay in memory up to this many per log,
+# least recently read released first (a 1 GiB segment's indexes hold about 5 MiB of entries).
+MAX_LOADED_INACTIVE_INDEXES = 8
 
 # ListOffsets special timestamps.
 LATEST_TIMESTAMP = -1
@@ -141,6 +146,7 @@ class Log:
         self._time_ms = time_ms
         self._segments: list[LogSegment] = []
         self._bases: list[int] = []
+        self._loaded_indexes: collections.OrderedDict[int, LogSegment] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.log_start_offset = 0
@@ -511,6 +517,7 @@ class Log:
         self.producer_state.advance_map_end_offset(new_base)
         self.producer_state.take_snapshot()
         active.on_become_inactive()
+        self._note_index_use(active)
         segment = self._new_segment(new_base)
         self._add_segment(segment)
         self._roll_flush_pending = True
@@ -584,9 +591,23 @@ class Log:
             if max_offset is not None and max_offset < segment.next_offset:
                 max_position = segment.position_of(max_offset)
             data = segment.read(fetch_offset, max_bytes, max_position, min_one_batch)
+            self._note_index_use(segment)
             if data is not None:
                 return FetchDataInfo(fetch_offset, data)
         return FetchDataInfo(fetch_offset, b"")
+
+    def _note_index_use(self, segment: LogSegment) -> None:
+        """Keep the indexes of the few inactive segments read last in memory; release older ones."""
+        if segment is self._segments[-1]:
+            return
+        loaded = self._loaded_indexes
+        key = id(segment)  # the dict holds the segment, so its id stays its own
+        if key in loaded:
+            loaded.move_to_end(key)
+            return
+        loaded[key] = segment
+        if len(loaded) > MAX_LOADED_INACTIVE_INDEXES:
+            loaded.popitem(last=False)[1].release_indexes()
 
     @_log_dir_io
     def fetch_offset_by_timestamp(self, timestamp: int) -> TimestampAndOffset | None:
@@ -630,6 +651,7 @@ class Log:
 
         start = max(segment.time_index.lookup(target).offset, self.log_start_offset)
         position = segment.offset_index.lookup(start).position
+        self._note_index_use(segment)
         for batch in segment.scan(position):
             header = batch.header
             if header.max_timestamp < target or header.last_offset < self.log_start_offset:

@@ -81,6 +81,9 @@ class LogSegment:
         if not existed:
             self._offset_index.create()
             self._time_index.create()
+        # Every entry of an existing segment's indexes is checked once, at first use (startup
+        # checks only their ends, in O(1) per segment).
+        self._indexes_checked = not existed
         self.next_offset = base_offset
         self.max_timestamp_so_far = rb.NO_TIMESTAMP
         self.offset_of_max_timestamp_so_far = base_offset
@@ -108,10 +111,16 @@ class LogSegment:
         return self._time_index
 
     def _load_indexes(self) -> None:
-        """Read a released segment's indexes again; rebuild them from the log if they fail the check."""
+        """Read the indexes; the first time, check every entry and rebuild them from the log if
+        they fail (a file damaged at rest)."""
+        if self._indexes_checked:
+            self._offset_index.load()
+            self._time_index.load()
+            return
         try:
             self._offset_index.sanity_check(self.size)
             self._time_index.sanity_check(self.next_offset)
+            self._indexes_checked = True
         except CorruptIndexError as e:
             self._rebuild_indexes(e)
 
@@ -122,25 +131,24 @@ class LogSegment:
             self.on_become_inactive()
 
     def release_indexes(self) -> None:
-        """Drop an inactive segment's index entries and descriptors until they are needed again."""
-        with self._lock:
-            self._offset_index.release()
-            self._time_index.release()
+        """Drop an inactive segment's index entries until they are needed again (its index
+        descriptors closed at roll, so no lock: a flush holding it must not stall a read)."""
+        self._offset_index.release()
+        self._time_index.release()
 
     # --- loading ------------------------------------------------------------------
 
     def load(self) -> None:
-        """Initialise in-memory state of an existing segment from its (trusted) indexes."""
+        """Initialise the in-memory state of an existing segment from the ends of its indexes,
+        checked in O(1) (every entry is checked at first use)."""
         if self.indexes_missing and self.size:
             raise CorruptIndexError(f"{self.log_path} has no index files")
-        self._offset_index.sanity_check(self.size)
-        last = self._offset_index.lookup(INT32_MAX + self.base_offset)
+        last = self._offset_index.check_ends(self.size)
         next_offset = self.base_offset
         for batch in self.scan(last.position, headers_only=True):
             next_offset = batch.header.next_offset
         self.next_offset = next_offset
-        self._time_index.sanity_check(self.next_offset)
-        entry = self._time_index.last_entry
+        entry = self._time_index.check_ends(self.next_offset)
         self.max_timestamp_so_far = entry.timestamp
         self.offset_of_max_timestamp_so_far = entry.offset
         self._load_first_batch_timestamp()
@@ -179,6 +187,7 @@ class LogSegment:
             self.size = valid
         self._append_final_time_entry()
         self._load_first_batch_timestamp()
+        self._indexes_checked = True
         return truncated
 
     # --- appending ----------------------------------------------------------------
@@ -248,7 +257,8 @@ class LogSegment:
         close their descriptors (the next flush syncs them by path)."""
         with self._lock:
             self._inactive = True
-            self._append_final_time_entry()
+            if self._time_index.loaded:  # one never loaded since startup has its final entry on disk
+                self._append_final_time_entry()
             self._offset_index.mark_inactive()
             self._time_index.mark_inactive()
 

@@ -13,6 +13,7 @@ import pytest
 
 from strom.storage import CLEAN_SHUTDOWN_FILE, Log, LogConfig
 from strom.storage.index import CorruptIndexError, OffsetIndex, TimeIndex
+from strom.storage.log import MAX_LOADED_INACTIVE_INDEXES
 from unit.storage.storage_batches import batch_offsets, make_batch
 
 CONFIG = LogConfig(segment_bytes=2000, index_interval_bytes=200)
@@ -183,20 +184,47 @@ def test_rolled_segment_index_is_trimmed_and_synced(tmp_path: Path) -> None:
     log.close()
 
 
-def test_damaged_released_index_is_rebuilt_when_first_used(tmp_path: Path) -> None:
-    dir, end = closed_cleanly(tmp_path)
+def damage_a_middle_entry(index_path: Path) -> None:
+    """A bad entry between good ends: startup's O(1) check passes, the first use's full check not."""
+    data = bytearray(index_path.read_bytes())
+    assert len(data) >= 5 * 8
+    struct.pack_into(">ii", data, 16, 0x7FFFFFF0, -1)
+    index_path.write_bytes(bytes(data))
+
+
+def test_index_damaged_between_its_ends_is_rebuilt_at_first_use(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dir, end = closed_cleanly(tmp_path, batches=60)
+    indexes = sorted(dir.glob("*.index"))
+    damage_a_middle_entry(indexes[1])
+    damage_a_middle_entry(indexes[3])
+    with caplog.at_level(logging.WARNING, logger="strom.storage"):
+        reopened = Log.open(dir, CONFIG)
+        assert not [r for r in caplog.records if "rebuilding" in r.getMessage()]  # startup: O(1) checks
+        assert read_all(reopened) == [(i * 2, i * 2 + 1) for i in range(end // 2)]
+        rebuilt = [r.getMessage() for r in caplog.records if "rebuilding its indexes" in r.getMessage()]
+        assert len(rebuilt) == 2
+        segment = reopened.segments[1]
+        segment.offset_index.sanity_check(segment.size)
+        # A follower truncation as the first use of a damaged index: rebuilt, then truncated.
+        reopened.close()
+    damage_a_middle_entry(indexes[3])
     reopened = Log.open(dir, CONFIG)
-    segment = reopened.segments[1]
-    # Damaged after the startup check, while released: the first lookup checks and rebuilds it.
-    segment.offset_index.path.write_bytes(struct.pack(">ii", 1, -1))
-    segment.release_indexes()
-    assert read_all(reopened) == [(i * 2, i * 2 + 1) for i in range(end // 2)]
-    segment.offset_index.sanity_check(segment.size)
-    # The same when a follower truncation is the first use.
-    segment.offset_index.path.write_bytes(b"\xff" * 12)
-    segment.release_indexes()
-    assert reopened.truncate_to(segment.base_offset + 3)
-    assert reopened.log_end_offset == segment.base_offset + 2
+    base = int(indexes[3].name[:20])
+    assert reopened.truncate_to(base + 3)
+    assert reopened.log_end_offset == base + 2
+    assert read_all(reopened)[-1] == (base, base + 1)
+    reopened.close()
+
+
+def test_reads_keep_few_inactive_indexes_in_memory(tmp_path: Path) -> None:
+    dir, end = closed_cleanly(tmp_path, batches=400)
+    reopened = Log.open(dir, CONFIG)
+    assert reopened.num_segments > 3 * MAX_LOADED_INACTIVE_INDEXES
+    assert read_all(reopened)[-1] == (end - 2, end - 1)
+    loaded = [s for s in reopened.segments[:-1] if s._offset_index.loaded]
+    assert len(loaded) <= MAX_LOADED_INACTIVE_INDEXES
     reopened.close()
 
 
