@@ -9,11 +9,12 @@ in-memory copy of the entries.
 Indexes are lazy (Kafka's LazyIndex): nothing is read or opened until the entries are
 needed, and the file descriptor, opened for the first write, is closed when the
 segment rolls (a later flush syncs the file by path). An inactive segment therefore holds no
-index descriptor; only the entries of segments that were read stay in memory.
+index descriptor, and its entries only while it is read (the log bounds how many).
 
 The event-loop thread appends; a flushing worker thread may call ``flush``
-concurrently. Anything that truncates or releases the file is done under the owning
-segment's lock, which ``flush`` also takes.
+concurrently. Anything that truncates the file or closes its descriptor is done under
+the owning segment's lock, which ``flush`` also takes; ``release`` only drops entries,
+which a lookup holding them keeps using.
 """
 
 from __future__ import annotations
