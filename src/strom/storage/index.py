@@ -73,6 +73,8 @@ class _Index:
         self._file_length = 0
         self._inactive = False
         self._dirty = False
+        # Called after the entries are read from the file (the owning segment checks them).
+        self.on_load: Callable[[], None] | None = None
 
     def _round(self, max_index_size: int) -> int:
         return max(self.entry_size, max_index_size // self.entry_size * self.entry_size)
@@ -108,8 +110,11 @@ class _Index:
     def _entries_data(self) -> bytearray:
         if self._data is None:
             self.load()
-            assert self._data is not None
-        return self._data
+            if self.on_load is not None:
+                self.on_load()  # may rebuild the entries
+        data = self._data
+        assert data is not None
+        return data
 
     def _write_fd(self) -> int:
         if self._fd < 0:

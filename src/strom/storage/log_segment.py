@@ -81,9 +81,11 @@ class LogSegment:
         if not existed:
             self._offset_index.create()
             self._time_index.create()
-        # Every entry of an existing segment's indexes is checked once, at first use (startup
+        # Every entry of an existing segment's indexes is checked once, when first read (startup
         # checks only their ends, in O(1) per segment).
         self._indexes_checked = not existed
+        self._checking_indexes = False
+        self._offset_index.on_load = self._time_index.on_load = self._check_indexes
         self.next_offset = base_offset
         self.max_timestamp_so_far = rb.NO_TIMESTAMP
         self.offset_of_max_timestamp_so_far = base_offset
@@ -100,29 +102,26 @@ class LogSegment:
 
     @property
     def offset_index(self) -> OffsetIndex:
-        if not self._offset_index.loaded:
-            self._load_indexes()
         return self._offset_index
 
     @property
     def time_index(self) -> TimeIndex:
-        if not self._time_index.loaded:
-            self._load_indexes()
         return self._time_index
 
-    def _load_indexes(self) -> None:
-        """Read the indexes; the first time, check every entry and rebuild them from the log if
-        they fail (a file damaged at rest)."""
-        if self._indexes_checked:
-            self._offset_index.load()
-            self._time_index.load()
+    def _check_indexes(self) -> None:
+        """An index was read from its file: the first time, check every entry of both and rebuild
+        them from the log if they fail (a file damaged at rest)."""
+        if self._indexes_checked or self._checking_indexes:
             return
+        self._checking_indexes = True
         try:
             self._offset_index.sanity_check(self.size)
             self._time_index.sanity_check(self.next_offset)
             self._indexes_checked = True
         except CorruptIndexError as e:
             self._rebuild_indexes(e)
+        finally:
+            self._checking_indexes = False
 
     def _rebuild_indexes(self, cause: Exception) -> None:
         log.warning("%s: %s; rebuilding its indexes", self.log_path, cause)
