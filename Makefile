@@ -6,7 +6,7 @@ PYTHON    := $(VENV)/bin/python
 # Everything (the broker, the client, Spark and the test tools), and what `make run` needs.
 INSTALLED := $(VENV)/.installed
 BROKER_INSTALLED := $(VENV)/.installed-broker
-APT_PACKAGES := kcat
+APT_PACKAGES := kcat e2fsprogs  # e2fsprogs: mkfs.ext4 for the full-disk test
 
 .PHONY: run test lint bench demo system-deps clean
 

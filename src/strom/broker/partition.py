@@ -33,7 +33,10 @@ class Partition:
         self.isr = isr
         self.high_watermark = log.log_end_offset
         if log.leader_epoch_cache.latest_epoch is None or log.leader_epoch_cache.latest_epoch < leader_epoch:
-            log.leader_epoch_cache.assign(leader_epoch, log.log_end_offset)
+            try:
+                log.leader_epoch_cache.assign(leader_epoch, log.log_end_offset)
+            except OSError as e:  # its checkpoint file could not be written
+                raise log.log_dir_failed("recording the leader epoch", e) from e
 
     def leader_epoch_error(self, current_leader_epoch: int) -> ErrorCode | None:
         """Kafka's check of a client's view of the leader epoch (-1: the client does not know it)."""
@@ -42,6 +45,11 @@ class Partition:
         if current_leader_epoch > self.leader_epoch:
             return ErrorCode.unknown_leader_epoch  # the client is ahead: retry after metadata catches up
         return ErrorCode.fenced_leader_epoch
+
+    @property
+    def offline(self) -> bool:
+        """The log's dir failed an I/O operation (Kafka then answers KAFKA_STORAGE_ERROR)."""
+        return self.log.offline
 
     @property
     def log_end_offset(self) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from strom.broker.cluster.metadata import TopicState
 from strom.broker.partition import NotEnoughReplicasError, Partition, TopicPartition
 from strom.protocol.errors import ErrorCode
-from strom.storage import LogConfig, LogManager, NewLog, StorageError
+from strom.storage import KafkaStorageError, LogConfig, LogManager, NewLog, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,9 @@ class ReplicaManager:
         self.log_manager = log_manager
         self._config_for = config_for
         self._partitions: dict[TopicPartition, Partition] = {}
+        # Partitions whose log could not be opened because its log dir is offline (Kafka's
+        # HostedPartition.Offline): they answer KAFKA_STORAGE_ERROR until a restart.
+        self._offline_partitions: set[TopicPartition] = set()
         self._fetch_waiters: dict[TopicPartition, list[asyncio.Future[None]]] = defaultdict(list)
 
     # -- leadership ---------------------------------------------------------------------------
@@ -69,10 +72,14 @@ class ReplicaManager:
         config = self._config_for(topic)
         for state in topic.partitions:
             tp = TopicPartition(topic.name, state.partition)
-            if tp in self._partitions:
+            if tp in self._partitions or tp in self._offline_partitions:
                 continue
-            log_ = self.log_manager.get_or_create_log(topic.name, state.partition, config, topic.topic_id)
-            self._partitions[tp] = Partition(tp, log_, state.leader_epoch, list(state.isr))
+            try:
+                log_ = self.log_manager.get_or_create_log(topic.name, state.partition, config, topic.topic_id)
+                self._partitions[tp] = Partition(tp, log_, state.leader_epoch, list(state.isr))
+            except KafkaStorageError as exc:
+                log.debug("partition %s is offline: %s", tp, exc)  # the failure channel logged the cause
+                self._offline_partitions.add(tp)
 
     async def create_partitions(self, topic: TopicState) -> None:
         """Create the logs of ``topic``'s partitions not yet hosted, off the event loop, then host them.
@@ -111,6 +118,7 @@ class ReplicaManager:
         keys = []
         for state in topic.partitions:
             tp = TopicPartition(topic.name, state.partition)
+            self._offline_partitions.discard(tp)
             self._partitions.pop(tp, None)
             self._wake_fetchers(tp)
             keys.append((topic.name, state.partition))
@@ -120,8 +128,23 @@ class ReplicaManager:
     def partition(self, tp: TopicPartition) -> Partition | None:
         return self._partitions.get(tp)
 
+    def partition_of(self, topic: str, partition: int) -> Partition | None:
+        return self._partitions.get(TopicPartition(topic, partition))
+
     def partitions(self) -> list[Partition]:
         return list(self._partitions.values())
+
+    def is_offline(self, tp: TopicPartition) -> bool:
+        """The partition's log dir failed: produce and fetch answer KAFKA_STORAGE_ERROR."""
+        if tp in self._offline_partitions:
+            return True
+        partition = self._partitions.get(tp)
+        return partition is not None and partition.offline
+
+    def _missing_partition_error(self, tp: TopicPartition) -> ErrorCode:
+        if tp in self._offline_partitions:
+            return ErrorCode.kafka_storage_error
+        return ErrorCode.unknown_topic_or_partition
 
     # -- produce ------------------------------------------------------------------------------
 
@@ -132,7 +155,7 @@ class ReplicaManager:
         for tp, records in entries:
             partition = self._partitions.get(tp)
             if partition is None:
-                results[tp] = ProduceResult(ErrorCode.unknown_topic_or_partition)
+                results[tp] = ProduceResult(self._missing_partition_error(tp))
                 continue
             if not records:
                 results[tp] = ProduceResult(ErrorCode.invalid_record, error_message="empty record set")
@@ -194,7 +217,7 @@ class ReplicaManager:
         for request in requests:
             partition = self._partitions.get(request.tp)
             if partition is None:
-                results[request.tp] = FetchResult(ErrorCode.unknown_topic_or_partition)
+                results[request.tp] = FetchResult(self._missing_partition_error(request.tp))
                 continue
             result = FetchResult(
                 high_watermark=partition.high_watermark,

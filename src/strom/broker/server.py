@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import socket
 import time
 from collections import Counter, defaultdict
@@ -33,6 +34,28 @@ log = logging.getLogger(__name__)
 PRODUCER_ID_BLOCK_SIZE = 1000
 
 T = TypeVar("T")
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit and return it: the broker keeps a descriptor
+    per segment (10,000 segments need 10,000), and the usual soft limit is 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as e:
+            log.warning(
+                "could not raise the open file limit", extra={"soft": soft, "hard": hard, "error": str(e)}
+            )
+    log.info("open file limit (RLIMIT_NOFILE)", extra={"soft": soft, "hard": hard})
+    return soft
 
 
 class ProducerIdManager:
@@ -102,6 +125,7 @@ class BrokerServer:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        raise_open_file_limit()
         # Before anything reads or writes a log dir: a second broker on it fails here, having
         # changed nothing (no recovery, no checkpoint, no clean-shutdown marker).
         self.log_manager.lock_log_dirs()

@@ -43,6 +43,7 @@ class ApiKey(enum.IntEnum):
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
@@ -82,6 +83,7 @@ SUPPORTED_VERSIONS: dict[ApiKey, VersionRange] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 4),
     ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4),
     ApiKey.ALTER_CONFIGS: VersionRange(0, 2),
+    ApiKey.DESCRIBE_LOG_DIRS: VersionRange(1, 4),
     ApiKey.CREATE_PARTITIONS: VersionRange(0, 3),
     ApiKey.DELETE_GROUPS: VersionRange(0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: VersionRange(0, 1),

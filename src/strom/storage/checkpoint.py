@@ -29,6 +29,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_fully(fd: int, content: bytes) -> None:
+    """os.write until everything is written: on a full disk a write can be short before it fails."""
+    view = memoryview(content)
+    written = 0
+    while written < len(view):
+        written += os.write(fd, view[written:])
+
+
 def write_atomically(path: Path, content: bytes) -> None:
     """Replace ``path`` with ``content``: the old file stays whole until the new one is on disk.
     On a failure (a full disk) the temporary file is removed and the OSError raised."""
@@ -36,9 +44,7 @@ def write_atomically(path: Path, content: bytes) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(content)
-            while view:  # a write may be short
-                view = view[os.write(fd, view) :]
+            write_fully(fd, content)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -812,9 +812,11 @@ class _SegmentWriter:
             self._time_entries.append((self._max_timestamp, self._offset_of_max_timestamp))
         index_path, time_index_path = self.index_paths
         offset_index = OffsetIndex(index_path, self.base_offset, max(8, len(self._offset_entries) * 8))
+        offset_index.create()
         for offset, position in self._offset_entries:
             offset_index.append(offset, position)
         time_index = TimeIndex(time_index_path, self.base_offset, (len(self._time_entries) + 1) * 12)
+        time_index.create()
         for timestamp, offset in self._time_entries:
             time_index.maybe_append(timestamp, offset, skip_full_check=True)
         for index in (offset_index, time_index):

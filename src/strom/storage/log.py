@@ -9,7 +9,9 @@ the segment list under ``_lock``, the only lock that list mutations take.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -20,6 +22,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
 from strom.records import batch as rb
 from strom.storage.checkpoint import PARTITION_METADATA, PartitionMetadataFile, fsync_dir
@@ -31,6 +34,7 @@ from strom.storage.errors import (
 )
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
 from strom.storage.log_config import LogConfig
+from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
 from strom.storage.log_segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -55,6 +59,10 @@ CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 DELETED_SUFFIX = ".deleted"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
+
+# Inactive segments whose index entries reads loaded stay in memory up to this many per log,
+# least recently read released first (a 1 GiB segment's indexes hold about 5 MiB of entries).
+MAX_LOADED_INACTIVE_INDEXES = 8
 
 # ListOffsets special timestamps.
 LATEST_TIMESTAMP = -1
@@ -102,17 +110,43 @@ class InconsistentTopicIdError(KafkaStorageError):
     """The directory's partition.metadata names another topic id (a stale directory)."""
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _log_dir_io(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concatenate[Log, _P], _R]:
+    """An OSError under ``method`` (raw, or wrapped in a KafkaStorageError by a segment) takes the
+    log's dir offline through its failure channel and surfaces as KAFKA_STORAGE_ERROR."""
+
+    @functools.wraps(method)
+    def guarded(self: Log, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(self, *args, **kwargs)
+        except LogDirOfflineError:
+            raise
+        except OSError as e:
+            raise self.log_dir_failed(method.__name__, e) from e
+        except KafkaStorageError as e:
+            if isinstance(e.__cause__, OSError):
+                raise self.log_dir_failed(method.__name__, e.__cause__) from e
+            raise
+
+    return guarded
+
+
 class Log:
     def __init__(
         self, dir: Path, config: LogConfig, topic_id: uuid.UUID | None, time_ms: Callable[[], int]
     ) -> None:
         self.dir = dir
+        self.log_dir = dir.parent
         self.topic, self.partition = parse_topic_partition(dir.name)
         self.config = config
         self.topic_id = topic_id
         self._time_ms = time_ms
         self._segments: list[LogSegment] = []
         self._bases: list[int] = []
+        self._loaded_indexes: collections.OrderedDict[int, LogSegment] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.log_start_offset = 0
@@ -127,6 +161,8 @@ class Log:
         self.producer_state = ProducerStateManager(dir)
         # Set by LogManager: persists the log start offset when DeleteRecords moves it.
         self.log_start_offset_listener: Callable[[Log], None] | None = None
+        # LogManager shares one channel between its logs; a log on its own has its own.
+        self.log_dir_failure_channel = LogDirFailureChannel()
 
     # --- opening and recovery -----------------------------------------------------
 
@@ -148,13 +184,16 @@ class Log:
         files (LogManager); ``had_clean_shutdown`` defaults to the presence of the
         log dir's clean-shutdown marker.
         """
-        dir.mkdir(parents=True, exist_ok=True)
         metadata = PartitionMetadataFile(dir / PARTITION_METADATA)
-        stored_id = metadata.read()
-        if stored_id is not None and topic_id is not None and stored_id != topic_id:
-            raise InconsistentTopicIdError(f"{dir} belongs to topic id {stored_id}, not {topic_id}")
-        if stored_id is None and topic_id is not None:
-            metadata.write(topic_id)
+        try:
+            dir.mkdir(parents=True, exist_ok=True)
+            stored_id = metadata.read()
+            if stored_id is not None and topic_id is not None and stored_id != topic_id:
+                raise InconsistentTopicIdError(f"{dir} belongs to topic id {stored_id}, not {topic_id}")
+            if stored_id is None and topic_id is not None:
+                metadata.write(topic_id)
+        except OSError as e:
+            raise KafkaStorageError(f"error opening log {dir}: {e}") from e
         if had_clean_shutdown is None:
             had_clean_shutdown = (dir.parent / CLEAN_SHUTDOWN_FILE).exists()
         log_ = cls(dir, config, topic_id or stored_id, time_ms)
@@ -269,6 +308,8 @@ class Log:
                     break
         for segment in segments[:-1]:
             segment.on_become_inactive()
+            # Lazy indexes: an inactive segment holds no index entries or descriptors until read.
+            segment.release_indexes()
         self._segments = segments
         self._bases = [segment.base_offset for segment in segments]
         if self.leader_epoch_cache.rebuild_needed:
@@ -367,12 +408,27 @@ class Log:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def offline(self) -> bool:
+        """The log's dir failed an I/O operation: nothing is read or written until a restart."""
+        channel = self.log_dir_failure_channel
+        return channel.any_offline and channel.is_offline(self.log_dir)
+
     def _check_open(self) -> None:
         if self._closed:
             raise KafkaStorageError(f"log {self.dir.name} is closed")
+        if self.offline:
+            raise self.log_dir_failure_channel.offline_error(self.log_dir)
+
+    def log_dir_failed(self, what: str, cause: OSError) -> LogDirOfflineError:
+        """Take the log's dir offline (once) for ``cause``; the error to raise."""
+        return self.log_dir_failure_channel.maybe_add_offline_log_dir(
+            self.log_dir, f"{what} on {self.dir.name}", cause
+        )
 
     # --- appending ------------------------------------------------------------------
 
+    @_log_dir_io
     def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> LogAppendInfo:
         """Validate a client's record set, assign offsets and append it.
 
@@ -457,6 +513,7 @@ class Log:
                 )
         return recompressed, headers
 
+    @_log_dir_io
     def roll(self) -> LogSegment:
         """Start a new active segment at the log end offset (no-op if the active one is empty)."""
         self._check_open()
@@ -468,6 +525,7 @@ class Log:
         self.producer_state.advance_map_end_offset(new_base)
         self.producer_state.take_snapshot()
         active.on_become_inactive()
+        self._note_index_use(active)
         segment = self._new_segment(new_base)
         self._add_segment(segment)
         self._roll_flush_pending = True
@@ -487,12 +545,13 @@ class Log:
 
     def flush_due(self, now_ms: int) -> bool:
         """True when a rolled segment awaits its flush or flush.ms has passed with unflushed data."""
-        if self._closed:
+        if self._closed or self.offline:
             return False
         if self._roll_flush_pending:
             return True
         return self.unflushed_messages > 0 and now_ms - self.last_flush_ms >= self.config.flush_ms
 
+    @_log_dir_io
     def flush(self, up_to: int | None = None) -> None:
         """fsync everything below ``up_to`` (default: the log end) and advance the recovery point.
 
@@ -526,6 +585,7 @@ class Log:
 
     # --- reading ----------------------------------------------------------------------
 
+    @_log_dir_io
     def read(
         self, fetch_offset: int, max_bytes: int, max_offset: int | None = None, min_one_batch: bool = True
     ) -> FetchDataInfo:
@@ -544,10 +604,25 @@ class Log:
             if max_offset is not None and max_offset < segment.next_offset:
                 max_position = segment.position_of(max_offset)
             data = segment.read(fetch_offset, max_bytes, max_position, min_one_batch)
+            self._note_index_use(segment)
             if data is not None:
                 return FetchDataInfo(fetch_offset, data)
         return FetchDataInfo(fetch_offset, b"")
 
+    def _note_index_use(self, segment: LogSegment) -> None:
+        """Keep the indexes of the few inactive segments read last in memory; release older ones."""
+        if segment is self._segments[-1]:
+            return
+        loaded = self._loaded_indexes
+        key = id(segment)  # the dict holds the segment, so its id stays its own
+        if key in loaded:
+            loaded.move_to_end(key)
+            return
+        loaded[key] = segment
+        if len(loaded) > MAX_LOADED_INACTIVE_INDEXES:
+            loaded.popitem(last=False)[1].release_indexes()
+
+    @_log_dir_io
     def fetch_offset_by_timestamp(self, timestamp: int) -> TimestampAndOffset | None:
         """ListOffsets: the first offset whose record timestamp >= ``timestamp``, or a special one."""
         self._check_open()
@@ -589,6 +664,7 @@ class Log:
 
         start = max(segment.time_index.lookup(target).offset, self.log_start_offset)
         position = segment.offset_index.lookup(start).position
+        self._note_index_use(segment)
         for batch in segment.scan(position):
             header = batch.header
             if header.max_timestamp < target or header.last_offset < self.log_start_offset:
@@ -615,6 +691,7 @@ class Log:
 
     # --- deleting data ------------------------------------------------------------------
 
+    @_log_dir_io
     def delete_records(self, offset: int) -> int:
         """DeleteRecords: move the log start offset up to ``offset``; returns the new log start offset."""
         self._check_open()
@@ -628,6 +705,7 @@ class Log:
             self._delete_segments(self._deletable_below_log_start())
         return self.log_start_offset
 
+    @_log_dir_io
     def delete_retention_segments(self, now_ms: int | None = None, high_watermark: int | None = None) -> int:
         """Apply retention.ms / retention.bytes and drop segments below the log start; returns count.
 
@@ -705,6 +783,7 @@ class Log:
         )
         return len(deletable)
 
+    @_log_dir_io
     def replace_segments(
         self, old: Sequence[LogSegment], sizes: Sequence[int]
     ) -> tuple[LogSegment, list[Path]] | None:
@@ -765,6 +844,7 @@ class Log:
             self.producer_state.delete_snapshot(replaced.base_offset)
         return segment, deleted
 
+    @_log_dir_io
     def delete_pending_files(self, now_ms: int | None = None) -> int:
         """Unlink the files of segments deleted by retention or DeleteRecords whose
         ``file.delete.delay.ms`` has passed; returns how many.
@@ -786,6 +866,7 @@ class Log:
         if persist and self.log_start_offset_listener is not None:
             self.log_start_offset_listener(self)
 
+    @_log_dir_io
     def truncate_to(self, offset: int) -> bool:
         """Remove every batch at or after the one containing ``offset`` (follower truncation)."""
         self._check_open()
@@ -835,18 +916,38 @@ class Log:
         self.config = config
 
     def close(self) -> None:
-        """Flush, snapshot producer state at the log end and release every file."""
+        """Flush, snapshot producer state at the log end and release every file.
+
+        Never raises for I/O: an error takes the log dir offline (logged once), the files are
+        released all the same (Kafka's closeHandlers: no flush, snapshot or final index entry
+        on a failed dir) and the next start recovers the log.
+        """
         if self._closed:
+            return
+        with contextlib.suppress(LogDirOfflineError):
+            self._flush_and_snapshot()
+        with self._flush_lock:
+            self._closed = True
+            for segment in self._segments:
+                if self.offline:
+                    segment.close_handles()
+                    continue
+                try:
+                    segment.close()
+                except OSError as e:
+                    self.log_dir_failed("close", e)
+
+    @_log_dir_io
+    def _flush_and_snapshot(self) -> None:
+        if self.offline:
             return
         self.flush()
         self.leader_epoch_cache.flush()
         with self._flush_lock:
             self.producer_state.advance_map_end_offset(self.log_end_offset)
             self.producer_state.take_snapshot(sync=True)
-            self._closed = True
-            for segment in self._segments:
-                segment.close()
 
+    @_log_dir_io
     def delete(self) -> None:
         """Close the log and remove its directory.
 

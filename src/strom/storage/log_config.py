@@ -522,7 +522,7 @@ _TOPIC_CONFIG_LIST = (
         T.INT,
         10 * 1024 * 1024,
         Range(4),
-        "The size of a segment's offset and time indexes.",
+        "The most bytes a segment's offset and time indexes may hold (a full index rolls the segment).",
         _same("log.index.size.max.bytes", T.INT, 10 * 1024 * 1024, Range(4)),
     ),
     _topic(

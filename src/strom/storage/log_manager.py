@@ -40,6 +40,7 @@ from strom.storage.log import (
     wall_clock_ms,
 )
 from strom.storage.log_config import LogConfig
+from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ class LogManager:
         self._lock_fds: list[int] = []
         # Log dirs whose log-start-offset checkpoint is behind a DeleteRecords.
         self._log_start_dirty: set[Path] = set()
+        # Where an I/O error on a log dir takes it offline (shared by every log).
+        self.log_dir_failure_channel = LogDirFailureChannel()
 
     # --- the log dirs' locks ---------------------------------------------------------
 
@@ -140,8 +143,15 @@ class LogManager:
     ) -> None:
         """Load every partition directory, recovering those of a log dir that was not shut down cleanly."""
         for log_dir in self.log_dirs:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            self._load_log_dir(log_dir, config_for, topic_ids or {})
+            try:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                self._load_log_dir(log_dir, config_for, topic_ids or {})
+            except (OSError, KafkaStorageError) as e:
+                cause = e if isinstance(e, OSError) else e.__cause__
+                if not isinstance(cause, OSError):
+                    raise
+                # As Kafka: the broker starts without this dir; its partitions answer KAFKA_STORAGE_ERROR.
+                self.log_dir_failure_channel.maybe_add_offline_log_dir(log_dir, "loading logs", cause)
 
     def _read_checkpoint(self, path: Path) -> dict[tuple[str, int], int]:
         try:
@@ -213,6 +223,7 @@ class LogManager:
 
     def _register(self, log_: Log) -> None:
         log_.log_start_offset_listener = self._on_log_start_offset_change
+        log_.log_dir_failure_channel = self.log_dir_failure_channel
         self._logs[(log_.topic, log_.partition)] = log_
 
     def _on_log_start_offset_change(self, log_: Log) -> None:
@@ -244,6 +255,10 @@ class LogManager:
         existing = self._logs.get((topic, partition))
         if existing is not None:
             return existing
+        channel = self.log_dir_failure_channel
+        for offline in channel.offline_dirs():
+            if (offline / f"{topic}-{partition}").exists():
+                raise channel.offline_error(offline)  # never a fresh log in place of one we cannot read
         log_dir = self._next_log_dir()
         log_ = Log.open(log_dir / f"{topic}-{partition}", config, topic_id=topic_id, time_ms=self._time_ms)
         self._register(log_)
@@ -254,15 +269,17 @@ class LogManager:
         return self.assign_log_dirs(1)[0]
 
     def assign_log_dirs(self, count: int) -> list[Path]:
-        """Like Kafka: each new log goes to the log dir that holds the fewest partitions."""
-        counts = {d: 0 for d in self.log_dirs}
+        """Like Kafka: each new log goes to the online log dir that holds the fewest partitions."""
+        counts = {d: 0 for d in self.log_dirs if not self.log_dir_failure_channel.is_offline(d)}
+        if not counts:
+            raise LogDirOfflineError(f"every log dir is offline: {sorted(map(str, self.log_dirs))}")
         for log_ in self._logs.values():
             parent = log_.dir.parent
             if parent in counts:
                 counts[parent] += 1
         chosen = []
         for _ in range(count):
-            log_dir = min(self.log_dirs, key=lambda d: counts[d])
+            log_dir = min(counts, key=lambda d: counts[d])
             counts[log_dir] += 1
             chosen.append(log_dir)
         return chosen
@@ -354,14 +371,14 @@ class LogManager:
         """Retention over every log (and expiry of idle producers); returns segments deleted."""
         now = self._time_ms()
         deleted = 0
-        for log_ in self.all_logs():
+        for log_ in self.online_logs():
             deleted += log_.delete_retention_segments(now)
             log_.producer_state.remove_expired_producers(now, self.producer_id_expiration_ms)
         return deleted
 
     def delete_pending_files(self) -> int:
         """Unlink deleted segments' files (call on a worker thread); returns how many."""
-        return sum(log_.delete_pending_files() for log_ in self.all_logs())
+        return sum(log_.delete_pending_files() for log_ in self.online_logs())
 
     def start_cleaner(self, config: CleanerConfig) -> LogCleaner:
         """Create the log cleaner (log.cleaner.enable); the broker schedules ``clean_logs``."""
@@ -372,7 +389,7 @@ class LogManager:
         """One cleaning pass over every compacted log (on the event loop; the work runs in threads)."""
         if self.cleaner is None:
             return []
-        return await self.cleaner.clean_logs(self.all_logs())
+        return await self.cleaner.clean_logs(self.online_logs())
 
     def flush_dirty_logs(self) -> None:
         """Flush logs with a rolled segment to sync or whose flush.ms passed (call from a worker thread)."""
@@ -381,6 +398,8 @@ class LogManager:
             if log_.flush_due(now):
                 try:
                     log_.flush()
+                except LogDirOfflineError:
+                    pass  # the failure channel logged it
                 except KafkaStorageError:
                     log.exception("flush failed", extra={"log": log_.dir.name})
 
@@ -394,26 +413,43 @@ class LogManager:
                 if not log_.closed:  # else it is being deleted under us: nothing to keep
                     raise
         for log_dir in self.log_dirs:
-            self._checkpoint_dir(log_dir)
+            with contextlib.suppress(LogDirOfflineError):  # logged by the failure channel
+                self._checkpoint_dir(log_dir)
 
     def _checkpoint_dir(self, log_dir: Path, recovery_points: bool = True) -> None:
+        if self.log_dir_failure_channel.is_offline(log_dir):
+            return
         logs = [lg for lg in self.all_logs() if lg.dir.parent == log_dir]
-        with self._checkpoint_lock:
-            if recovery_points:
-                OffsetCheckpointFile(log_dir / RECOVERY_POINT_CHECKPOINT).write(
-                    {(lg.topic, lg.partition): lg.recovery_point for lg in logs}
+        try:
+            with self._checkpoint_lock:
+                if recovery_points:
+                    OffsetCheckpointFile(log_dir / RECOVERY_POINT_CHECKPOINT).write(
+                        {(lg.topic, lg.partition): lg.recovery_point for lg in logs}
+                    )
+                OffsetCheckpointFile(log_dir / LOG_START_OFFSET_CHECKPOINT).write(
+                    {(lg.topic, lg.partition): lg.log_start_offset for lg in logs}
                 )
-            OffsetCheckpointFile(log_dir / LOG_START_OFFSET_CHECKPOINT).write(
-                {(lg.topic, lg.partition): lg.log_start_offset for lg in logs}
-            )
+        except OSError as e:
+            raise self.log_dir_failure_channel.maybe_add_offline_log_dir(
+                log_dir, "writing checkpoints", e
+            ) from e
+
+    def online_logs(self) -> list[Log]:
+        return [log_ for log_ in self._logs.values() if not log_.offline]
 
     def shutdown(self) -> None:
         """Close every log, write the checkpoints and mark each log dir as cleanly shut down."""
         for log_ in self.all_logs():
             log_.close()
-        self.checkpoint()
         for log_dir in self.log_dirs:
-            (log_dir / CLEAN_SHUTDOWN_FILE).touch()
-            fsync_dir(log_dir)
+            # An offline dir (or one that fails now) gets no marker: the next start recovers it.
+            with contextlib.suppress(LogDirOfflineError):
+                self._checkpoint_dir(log_dir)
+                if not self.log_dir_failure_channel.is_offline(log_dir):
+                    try:
+                        (log_dir / CLEAN_SHUTDOWN_FILE).touch()
+                        fsync_dir(log_dir)
+                    except OSError as e:
+                        self.log_dir_failure_channel.maybe_add_offline_log_dir(log_dir, "shutdown", e)
         self.unlock_log_dirs()
         log.info("log manager shut down", extra={"logs": len(self._logs)})

@@ -70,38 +70,84 @@ class LogSegment:
         self.created_ms = now_ms
         index_path = dir / file_name(base_offset, INDEX_SUFFIX)
         time_index_path = dir / file_name(base_offset, TIME_INDEX_SUFFIX)
+        existed = self.log_path.exists()
         # An existing log without its indexes must rebuild them (see load).
-        self.indexes_missing = self.log_path.exists() and not (
-            index_path.exists() and time_index_path.exists()
-        )
+        self.indexes_missing = existed and not (index_path.exists() and time_index_path.exists())
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         self.size = os.fstat(self._fd).st_size
-        self.offset_index = OffsetIndex(index_path, base_offset, max_index_size)
-        self.time_index = TimeIndex(time_index_path, base_offset, max_index_size)
+        # Lazy: an existing segment's indexes are read (and sanity-checked) on first use.
+        self._offset_index = OffsetIndex(index_path, base_offset, max_index_size)
+        self._time_index = TimeIndex(time_index_path, base_offset, max_index_size)
+        if not existed:
+            self._offset_index.create()
+            self._time_index.create()
+        # Every entry of an existing segment's indexes is checked once, when first read (startup
+        # checks only their ends, in O(1) per segment).
+        self._indexes_checked = not existed
+        self._checking_indexes = False
+        self._offset_index.on_load = self._time_index.on_load = self._check_indexes
         self.next_offset = base_offset
         self.max_timestamp_so_far = rb.NO_TIMESTAMP
         self.offset_of_max_timestamp_so_far = base_offset
         # Max timestamp of the first batch: segment.ms counts from it (Kafka's rollingBasedTimestamp).
         self.rolling_based_timestamp: int | None = None
         self._bytes_since_last_index_entry = 0
-        # Serialises fsync with anything that closes or remaps the files.
-        self._lock = threading.Lock()
+        self._inactive = False
+        # Serialises fsync with anything that closes or truncates the files; reentrant because a
+        # lazy index load under it may rebuild the indexes, which marks the segment inactive again.
+        self._lock = threading.RLock()
         self._closed = False
+
+    # --- indexes ------------------------------------------------------------------
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        return self._time_index
+
+    def _check_indexes(self) -> None:
+        """An index was read from its file: the first time, check every entry of both and rebuild
+        them from the log if they fail (a file damaged at rest)."""
+        if self._indexes_checked or self._checking_indexes:
+            return
+        self._checking_indexes = True
+        try:
+            self._offset_index.sanity_check(self.size)
+            self._time_index.sanity_check(self.next_offset)
+            self._indexes_checked = True
+        except CorruptIndexError as e:
+            self._rebuild_indexes(e)
+        finally:
+            self._checking_indexes = False
+
+    def _rebuild_indexes(self, cause: Exception) -> None:
+        log.warning("%s: %s; rebuilding its indexes", self.log_path, cause)
+        self.recover()
+        if self._inactive:
+            self.on_become_inactive()
+
+    def release_indexes(self) -> None:
+        """Drop an inactive segment's index entries until they are needed again (its index
+        descriptors closed at roll, so no lock: a flush holding it must not stall a read)."""
+        self._offset_index.release()
+        self._time_index.release()
 
     # --- loading ------------------------------------------------------------------
 
     def load(self) -> None:
-        """Initialise in-memory state of an existing segment from its (trusted) indexes."""
+        """Initialise the in-memory state of an existing segment from the ends of its indexes,
+        checked in O(1) (every entry is checked at first use)."""
         if self.indexes_missing and self.size:
             raise CorruptIndexError(f"{self.log_path} has no index files")
-        self.offset_index.sanity_check(self.size)
-        last = self.offset_index.lookup(INT32_MAX + self.base_offset)
+        last = self._offset_index.check_ends(self.size)
         next_offset = self.base_offset
         for batch in self.scan(last.position, headers_only=True):
             next_offset = batch.header.next_offset
         self.next_offset = next_offset
-        self.time_index.sanity_check(self.next_offset)
-        entry = self.time_index.last_entry
+        entry = self._time_index.check_ends(self.next_offset)
         self.max_timestamp_so_far = entry.timestamp
         self.offset_of_max_timestamp_so_far = entry.offset
         self._load_first_batch_timestamp()
@@ -115,8 +161,8 @@ class LogSegment:
 
     def recover(self, on_batch: Callable[[rb.BatchHeader], None] | None = None) -> int:
         """Validate every batch, rebuild the indexes and cut off invalid bytes; returns bytes cut."""
-        self.offset_index.reset()
-        self.time_index.reset()
+        self._offset_index.reset()
+        self._time_index.reset()
         self.next_offset = self.base_offset
         self.max_timestamp_so_far = rb.NO_TIMESTAMP
         self.offset_of_max_timestamp_so_far = self.base_offset
@@ -140,6 +186,7 @@ class LogSegment:
             self.size = valid
         self._append_final_time_entry()
         self._load_first_batch_timestamp()
+        self._indexes_checked = True
         return truncated
 
     # --- appending ----------------------------------------------------------------
@@ -178,7 +225,7 @@ class LogSegment:
 
     def _append_final_time_entry(self) -> None:
         """Record the segment's max timestamp in the slot the time index keeps for it."""
-        if self.time_index.entries < self.time_index.max_entries:
+        if self.time_index.has_room:
             self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far, True)
 
     def should_roll(
@@ -205,11 +252,14 @@ class LogSegment:
         return waited > segment_ms - self.roll_jitter_ms
 
     def on_become_inactive(self) -> None:
-        """Called at roll: record the final max timestamp and shrink the indexes to their entries."""
+        """Called at roll: record the final max timestamp, cut the indexes to their entries and
+        close their descriptors (the next flush syncs them by path)."""
         with self._lock:
-            self._append_final_time_entry()
-            self.offset_index.trim_to_valid_size()
-            self.time_index.trim_to_valid_size()
+            self._inactive = True
+            if self._time_index.loaded:  # one never loaded since startup has its final entry on disk
+                self._append_final_time_entry()
+            self._offset_index.mark_inactive()
+            self._time_index.mark_inactive()
 
     # --- reading ------------------------------------------------------------------
 
@@ -330,8 +380,9 @@ class LogSegment:
             os.ftruncate(self._fd, position)
             self.size = position
             # This segment becomes the active one: give its indexes room to grow again.
-            self.offset_index.resize()
-            self.time_index.resize()
+            self._inactive = False
+            self._offset_index.resize()
+            self._time_index.resize()
         # The next offset is the end of the new last batch (offsets may be sparse after compaction).
         self.next_offset = self.base_offset
         last = self.offset_index.lookup(header.base_offset)
@@ -346,8 +397,9 @@ class LogSegment:
 
     def resize_indexes(self, max_index_size: int) -> None:
         with self._lock:
-            self.offset_index.resize(max_index_size)
-            self.time_index.resize(max_index_size)
+            self._inactive = False
+            self._offset_index.resize(max_index_size)
+            self._time_index.resize(max_index_size)
 
     def flush(self) -> None:
         """fsync the log and its indexes; safe from a worker thread."""
@@ -356,8 +408,8 @@ class LogSegment:
                 return
             try:
                 os.fsync(self._fd)
-                self.offset_index.flush()
-                self.time_index.flush()
+                self._offset_index.flush()
+                self._time_index.flush()
             except OSError as e:
                 raise KafkaStorageError(f"error flushing {self.log_path}: {e}") from e
 
@@ -366,14 +418,29 @@ class LogSegment:
             if self._closed:
                 return
             self._closed = True
-            self._append_final_time_entry()
-            self.offset_index.close()
-            self.time_index.close()
+            try:
+                if not self._inactive:  # an inactive segment wrote its final entry at roll
+                    self._append_final_time_entry()
+                self._offset_index.close()
+                self._time_index.close()
+            finally:
+                self._offset_index.close_handles()
+                self._time_index.close_handles()
+                os.close(self._fd)
+
+    def close_handles(self) -> None:
+        """Release the descriptors without writing anything (a failed log dir's segments)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._offset_index.close_handles()
+            self._time_index.close_handles()
             os.close(self._fd)
 
     def delete(self) -> None:
         self.close()
-        for path in (self.log_path, self.offset_index.path, self.time_index.path):
+        for path in (self.log_path, self._offset_index.path, self._time_index.path):
             path.unlink(missing_ok=True)
 
     def rename_to_deleted(self, suffix: str) -> list[Path]:
@@ -384,7 +451,7 @@ class LogSegment:
         """
         self.close()
         renamed = []
-        for path in (self.time_index.path, self.offset_index.path, self.log_path):
+        for path in (self._time_index.path, self._offset_index.path, self.log_path):
             target = path.with_name(path.name + suffix)
             try:
                 os.replace(path, target)

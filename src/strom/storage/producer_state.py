@@ -19,7 +19,7 @@ from pathlib import Path
 import crc32c
 
 from strom.records import batch as rb
-from strom.storage.checkpoint import fsync_dir
+from strom.storage.checkpoint import fsync_dir, write_fully
 from strom.storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ class ProducerStateManager:
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, data)
+            write_fully(fd, data)
             if sync:
                 os.fsync(fd)
         finally:

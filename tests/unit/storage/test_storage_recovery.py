@@ -115,8 +115,10 @@ def test_untrimmed_index_after_crash_is_rebuilt(tmp_path: Path) -> None:
     log = Log.open(dir, CONFIG)
     fill(log, 10)
     crash(log)
+    # Strom grows an index by pwrite; Kafka (and earlier Strom) preallocate the active one, and a
+    # crash leaves it that long, ending in zero entries.
     index = sorted(dir.glob("*.index"))[-1]
-    assert index.stat().st_size == CONFIG.segment_index_bytes  # still preallocated
+    os.truncate(index, CONFIG.segment_index_bytes)
     recovered = Log.open(dir, CONFIG)
     for offset in range(recovered.log_end_offset):
         base, last = batch_offsets(recovered.read(offset, 100).records)[0]

@@ -172,7 +172,7 @@ class GroupMetadataManager:
         records = skipped = 0
         for partition_index in range(self.num_partitions):
             partition = self._replica_manager.partition(TopicPartition(OFFSETS_TOPIC, partition_index))
-            if partition is None:
+            if partition is None or partition.offline:  # an offline log dir answers KAFKA_STORAGE_ERROR
                 continue
             offset = partition.log_start_offset
             while offset < partition.high_watermark:

@@ -24,6 +24,7 @@ from strom.broker.handlers.groups import (
 )
 from strom.broker.handlers.leader_epoch import handle_offset_for_leader_epoch
 from strom.broker.handlers.list_offsets import handle_list_offsets
+from strom.broker.handlers.log_dirs import handle_describe_log_dirs
 from strom.broker.handlers.metadata import handle_metadata
 from strom.broker.handlers.offsets import handle_offset_commit, handle_offset_delete, handle_offset_fetch
 from strom.broker.handlers.produce import handle_produce
@@ -53,6 +54,7 @@ HANDLERS: dict[ApiKey, Handler] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: handle_offset_for_leader_epoch,
     ApiKey.DESCRIBE_CONFIGS: handle_describe_configs,
     ApiKey.ALTER_CONFIGS: handle_alter_configs,
+    ApiKey.DESCRIBE_LOG_DIRS: handle_describe_log_dirs,
     ApiKey.CREATE_PARTITIONS: handle_create_partitions,
     ApiKey.DELETE_GROUPS: handle_delete_groups,
     ApiKey.INCREMENTAL_ALTER_CONFIGS: handle_incremental_alter_configs,

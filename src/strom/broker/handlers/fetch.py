@@ -50,7 +50,8 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
             tps.append(tp)
             partition = broker.replica_manager.partition(tp) if topic is not None else None
             if partition is None:
-                errors[tp] = FetchResult(unknown)
+                offline = topic is not None and broker.replica_manager.is_offline(tp)
+                errors[tp] = FetchResult(ErrorCode.kafka_storage_error if offline else unknown)
                 continue
             epoch_error = partition.leader_epoch_error(getattr(p, "current_leader_epoch", -1))
             if epoch_error is not None:

@@ -17,9 +17,12 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
         partitions = []
         for p in topic.partitions:
             error, epoch, end_offset = ErrorCode.none, -1, -1
-            partition = ctx.broker.replica_manager.partition(TopicPartition(topic.topic, p.partition))
+            tp = TopicPartition(topic.topic, p.partition)
+            partition = ctx.broker.replica_manager.partition(tp)
             current = p.current_leader_epoch
-            if partition is None:
+            if ctx.broker.replica_manager.is_offline(tp):
+                error = ErrorCode.kafka_storage_error
+            elif partition is None:
                 error = ErrorCode.unknown_topic_or_partition
             elif (epoch_error := partition.leader_epoch_error(current)) is not None:
                 error = epoch_error

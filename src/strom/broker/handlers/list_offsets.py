@@ -26,9 +26,12 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
         partitions = []
         for p in topic.partitions:
             error, timestamp, offset, epoch = ErrorCode.none, -1, -1, -1
-            partition = replica_manager.partition(TopicPartition(topic.name, p.partition_index))
+            tp = TopicPartition(topic.name, p.partition_index)
+            partition = replica_manager.partition(tp)
             current_epoch = getattr(p, "current_leader_epoch", -1)
-            if partition is None:
+            if replica_manager.is_offline(tp):
+                error = ErrorCode.kafka_storage_error
+            elif partition is None:
                 error = ErrorCode.unknown_topic_or_partition
             elif (epoch_error := partition.leader_epoch_error(current_epoch)) is not None:
                 error = epoch_error

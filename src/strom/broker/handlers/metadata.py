@@ -8,6 +8,7 @@ from typing import Any
 from strom.broker.cluster.local import InvalidTopicError, validate_topic_name
 from strom.broker.cluster.metadata import TopicState
 from strom.broker.dispatcher import RequestContext
+from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, ZERO_UUID, build
 from strom.storage import StorageError
@@ -20,18 +21,22 @@ def broker_entities(ctx: RequestContext, entity_type: type[Any]) -> tuple[Any, .
 
 def _topic_entity(ctx: RequestContext, topic: TopicState) -> Any:
     r = ctx.response
+    replica_manager = ctx.broker.replica_manager
     partitions = tuple(
+        # A partition on a failed log dir has no leader, as Kafka's controller reports it once the
+        # broker's only replica is offline: LEADER_NOT_AVAILABLE, this node among the offline replicas.
         build(
             r.MetadataResponsePartition,
-            error_code=ErrorCode.none,
+            error_code=ErrorCode.leader_not_available if offline else ErrorCode.none,
             partition_index=p.partition,
-            leader_id=p.leader,
+            leader_id=-1 if offline else p.leader,
             leader_epoch=p.leader_epoch,
             replica_nodes=tuple(p.replicas),
             isr_nodes=tuple(p.isr),
-            offline_replicas=(),
+            offline_replicas=tuple(p.replicas) if offline else (),
         )
         for p in topic.partitions
+        for offline in (replica_manager.is_offline(TopicPartition(topic.name, p.partition)),)
     )
     return build(
         r.MetadataResponseTopic,
