@@ -53,7 +53,7 @@ from strom.records.batch import (
     BatchHeader,
     CompressionType,
     InvalidBatchError,
-    is_crc_valid,
+    compute_crc,
 )
 from strom.records.compression import CompressionError, compress_to_buffer, decompress_to_buffer
 
@@ -122,33 +122,41 @@ def read_headers(data: BytesLike, position: int, end: int) -> tuple[tuple[Header
 
 
 def batch_records(
-    data: BytesLike, header: BatchHeader, *, verify_crc: bool = True, limit: int | None = None
+    data: BytesLike,
+    header: BatchHeader,
+    *,
+    verify_crc: bool = True,
+    limit: int | None = None,
+    position: int | None = None,
 ) -> tuple[BytesLike, int, int]:
     """The record bytes of the batch ``header`` describes: (buffer, start, end).
 
+    The batch starts at ``position`` in ``data`` (default: ``header.position``).
     An uncompressed batch's records stay in ``data``; a compressed one's are decompressed,
     to at most ``limit`` bytes (compression.MAX_DECOMPRESSED_BATCH_BYTES by default).
     Raises InvalidBatchError: corrupt=True for a truncated batch, a CRC mismatch or a
     payload that does not decompress within the limit; corrupt=False for an unknown codec.
     """
-    batch_end = header.position + header.size
+    if position is None:
+        position = header.position
+    batch_end = position + header.size
     if batch_end > len(data):
         raise InvalidBatchError("record batch is truncated", corrupt=True)
-    if verify_crc and not is_crc_valid(data, header):
+    if verify_crc and compute_crc(data, position, header.size) != header.crc:
         raise InvalidBatchError(
             f"record batch at offset {header.base_offset} fails its CRC (stored crc = {header.crc})", corrupt=True
         )
     codec = header.attributes & COMPRESSION_MASK
     if codec == CompressionType.NONE:
-        return data, header.position + HEADER_SIZE, batch_end
+        return data, position + HEADER_SIZE, batch_end
     if codec > MAX_CODEC:
         raise InvalidBatchError(f"unknown compression codec {codec}", corrupt=False)
     try:
         if limit is None:
-            payload = decompress_to_buffer(codec, memoryview(data)[header.position + HEADER_SIZE : batch_end])
+            payload = decompress_to_buffer(codec, memoryview(data)[position + HEADER_SIZE : batch_end])
         else:
             payload = decompress_to_buffer(
-                codec, memoryview(data)[header.position + HEADER_SIZE : batch_end], limit
+                codec, memoryview(data)[position + HEADER_SIZE : batch_end], limit
             )
     except CompressionError as error:
         raise InvalidBatchError(str(error), corrupt=True) from error

@@ -27,7 +27,6 @@ from strom.storage.errors import (
     CorruptRecordError,
     KafkaStorageError,
     OffsetOutOfRangeError,
-    RecordTooLargeError,
 )
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
 from strom.storage.log_config import LogConfig
@@ -40,12 +39,7 @@ from strom.storage.log_segment import (
     new_segment,
     next_offset_of_file,
 )
-from strom.storage.log_validator import (
-    parse_batches,
-    target_codec,
-    validate_client_batches,
-    validate_record_keys,
-)
+from strom.storage.log_validator import ValidatedRecords, analyze
 from strom.storage.producer_state import ProducerStateManager
 
 log = logging.getLogger(__name__)
@@ -364,23 +358,29 @@ class Log:
 
     # --- appending ------------------------------------------------------------------
 
-    def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> LogAppendInfo:
-        """Validate a client's record set, assign offsets and append it.
+    def analyze_for_append(self, records: bytes | bytearray | memoryview) -> ValidatedRecords:
+        """Validate a client's record set (every record, see log_validator) and recompress it if
+        the topic asks. Reads only the config and the clock: safe on a worker thread."""
+        return analyze(records, self.config, self._time_ms(), f"{self.topic}-{self.partition}")
+
+    def append_as_leader(
+        self,
+        records: bytes | bytearray | memoryview,
+        leader_epoch: int,
+        validated: ValidatedRecords | None = None,
+    ) -> LogAppendInfo:
+        """Validate a client's record set (unless ``validated`` is analyze_for_append's answer
+        for it), assign offsets and append it.
 
         A writable buffer (bytearray, writable memoryview) is rewritten in place;
         bytes are copied once.
         """
         self._check_open()
         config = self.config
-        headers = parse_batches(records, config.max_message_bytes)
+        if validated is None:
+            validated = self.analyze_for_append(records)
+        records, headers = validated.records, validated.headers
         now = self._time_ms()
-        validate_client_batches(headers, config, now)
-        if config.compact:
-            validate_record_keys(records, headers, f"{self.topic}-{self.partition}")
-        codec = target_codec(config)
-        if codec is not None and any(header.compression != codec for header in headers):
-            records, headers = self._recompress(records, codec)
-
         duplicate = self.producer_state.check_append(headers)
         log_append_time = now if config.message_timestamp_type == "LogAppendTime" else rb.NO_TIMESTAMP
         if duplicate is not None:
@@ -399,7 +399,7 @@ class Log:
         else:
             buf = bytearray(records)
         first_offset = next_offset = self.log_end_offset
-        assigned = []
+        assigned: list[rb.BatchHeader] = []
         record_count = 0
         max_timestamp = rb.NO_TIMESTAMP
         for header in headers:
@@ -408,6 +408,9 @@ class Log:
             rb.set_partition_leader_epoch(buf, position, leader_epoch)
             if log_append_time >= 0:
                 rb.set_log_append_time(buf, header, log_append_time)
+            elif validated.max_timestamps[len(assigned)] != header.max_timestamp:
+                # As Kafka, a CreateTime batch's maxTimestamp is its records' largest timestamp.
+                rb.set_max_timestamp(buf, header, validated.max_timestamps[len(assigned)])
             final = rb.read_header(buf, position)
             assigned.append(final)
             record_count += final.records_count
@@ -430,24 +433,6 @@ class Log:
         if self.log_end_offset - self.recovery_point >= config.flush_messages:
             self.flush()
         return LogAppendInfo(first_offset, last_offset, log_append_time, self.log_start_offset, record_count)
-
-    def _recompress(
-        self, records: bytes | bytearray | memoryview, codec: int
-    ) -> tuple[bytes, list[rb.BatchHeader]]:
-        from strom.records.codec import recompress_batches
-
-        try:
-            recompressed = recompress_batches(records, codec)
-            headers = list(rb.iter_headers(recompressed))
-        except rb.InvalidBatchError as e:
-            raise CorruptRecordError(f"cannot recompress record batch: {e}") from e
-        for header in headers:
-            if header.size > self.config.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"the recompressed record batch size is {header.size} bytes which exceeds the maximum "
-                    f"configured value of {self.config.max_message_bytes}"
-                )
-        return recompressed, headers
 
     def roll(self) -> LogSegment:
         """Start a new active segment at the log end offset (no-op if the active one is empty)."""

@@ -1,7 +1,7 @@
 """Produce (0): append record batches to partition leaders.
 
-The handler never looks inside a batch: the log validates headers and CRCs and
-assigns offsets. With acks=0 nothing is answered; when such a produce fails the
+The handler never looks inside a batch: the log validates every record (on a worker
+thread when that may take long) and assigns offsets. With acks=0 nothing is answered; when such a produce fails the
 connection is closed, which is the producer's only signal (as in Kafka).
 """
 
@@ -62,7 +62,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 entries.append((tp, data.records))
         order.append((topic_id if topic_id is not None else name, tps))
 
-    results = broker.replica_manager.append_records(acks, entries) if entries else {}
+    results = await broker.replica_manager.append_records_async(acks, entries) if entries else {}
     results.update(early)
     if acks == 0:
         if any(result.error != ErrorCode.none for result in results.values()):
