@@ -94,6 +94,12 @@ def validate(
     return result
 
 
+def check(data: BytesLike, start: int, end: int, count: int, last_offset_delta: int) -> None:
+    """Only the checks: raises RecordError for a malformed record (a decoder of its own, such as
+    the Spark columnar one, calls this first so that it accepts exactly what the scanner does)."""
+    _scanner.validate(data, start, end, count, last_offset_delta, 0, 0, 0, False)
+
+
 def decode(
     data: BytesLike, start: int, end: int, count: int, last_offset_delta: int
 ) -> list[tuple[int, int, bytes | None, bytes | None, tuple[Header, ...]]]:
