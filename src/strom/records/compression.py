@@ -132,16 +132,17 @@ def _decompress_growing(codec: int, data: BytesLike, limit: int) -> bytearray:
         except cramjam.DecompressionError as error:
             if _FULL_BUFFER not in str(error):
                 raise
-            if size >= limit:
-                raise CompressionError(
-                    f"{_name(codec)} payload decompresses to more than {limit} bytes, the limit for its batch"
-                ) from None
+            written = size + 1
+        if written >= size and size < limit:
+            # Full (or filled exactly, which may have held only the payload's start): try a
+            # buffer twice as large, freeing this one first so that peak memory stays ~ the limit.
+            del out
             size = min(limit, size * 2)
             continue
-        if written == size and size < limit:
-            # A buffer filled exactly may have held the whole payload or only its start: try a larger one.
-            size = min(limit, size * 2)
-            continue
+        if written > size:
+            raise CompressionError(
+                f"{_name(codec)} payload decompresses to more than {limit} bytes, the limit for its batch"
+            )
         del out[written:]
         return out
 

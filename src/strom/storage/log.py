@@ -557,7 +557,7 @@ class Log:
         self, segment: LogSegment, target: int, exact: bool = False
     ) -> TimestampAndOffset | None:
         """First record in ``segment`` at or after log start with timestamp >= target (== target if exact)."""
-        from strom.records.codec import decode_batch
+        from strom.records import scanner
 
         start = max(segment.time_index.lookup(target).offset, self.log_start_offset)
         position = segment.offset_index.lookup(start).position
@@ -571,14 +571,17 @@ class Log:
                     header.max_timestamp, max(header.base_offset, self.log_start_offset), epoch
                 )
             try:
-                records = decode_batch(batch.data, verify_crc=False).records
-            except rb.InvalidBatchError as e:
+                # Decompression is bounded (compression.MAX_DECOMPRESSED_BATCH_BYTES); the layout
+                # gives offsets and timestamps without copying values.
+                data, begin, end = scanner.batch_records(batch.data, header, verify_crc=False, position=0)
+                records = scanner.layout(data, begin, end, header.records_count, header.last_offset_delta)
+            except (rb.InvalidBatchError, scanner.RecordError) as e:
                 raise CorruptRecordError(f"cannot decode batch at offset {header.base_offset}: {e}") from e
             for record in records:
-                if record.offset >= self.log_start_offset and (
-                    record.timestamp == target if exact else record.timestamp >= target
-                ):
-                    return TimestampAndOffset(record.timestamp, record.offset, epoch)
+                offset = header.base_offset + record[4]
+                timestamp = header.base_timestamp + record[5]
+                if offset >= self.log_start_offset and (timestamp == target if exact else timestamp >= target):
+                    return TimestampAndOffset(timestamp, offset, epoch)
         return None
 
     def end_offset_for_epoch(self, requested_epoch: int) -> tuple[int, int]:

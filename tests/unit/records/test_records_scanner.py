@@ -401,7 +401,7 @@ def test_bombs_stop_at_the_cap_without_inflating() -> None:
 
 def test_xerial_chunks_claiming_gigabytes_are_refused_before_allocating() -> None:
     # 97 bytes whose chunks' raw-snappy preambles claim 2 GiB: refused from the claims alone.
-    chunk = varint(0)[:0] + bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x07]) + b"\x00" * 8
+    chunk = bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x07]) + b"\x00" * 8
     payload = XERIAL_MAGIC + struct.pack(">ii", 1, 1) + b"".join(struct.pack(">i", len(chunk)) + chunk for _ in range(5))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(CompressionError, match="limit"):
