@@ -7,7 +7,7 @@ setup(
         Extension(
             "strom.records._scanner",
             sources=["src/strom/records/_scanner.c"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )
     ]
 )

@@ -84,6 +84,12 @@ static inline scan_error read_varint(const uint8_t *b, Py_ssize_t *pos, Py_ssize
 static inline scan_error read_varlong(const uint8_t *b, Py_ssize_t *pos, Py_ssize_t end, int64_t *out)
 {
     Py_ssize_t p = *pos;
+    if (p < end && b[p] < 0x80) {
+        uint64_t u = b[p];
+        *out = (int64_t)((u >> 1) ^ (uint64_t)-(int64_t)(u & 1));
+        *pos = p + 1;
+        return OK;
+    }
     uint64_t u = 0;
     for (int i = 0; i < 10; i++) {
         if (p >= end)

@@ -99,8 +99,8 @@ def decompress_to_buffer(codec: int, data: BytesLike, limit: int = MAX_DECOMPRES
     """Like decompress() but returns a buffer-protocol object (a bytearray), saving a copy.
 
     Output never exceeds ``limit``: gzip, lz4 and zstd decompress into a buffer that grows
-    by doubling up to the limit (cramjam stops at a full buffer instead of inflating the
-    rest), snappy's declared lengths are checked against it before anything is allocated.
+    up to the limit (cramjam stops at a full buffer instead of inflating the
+    rest; a declared size sets the first buffer), snappy's declared lengths are checked against it before anything is allocated.
     """
     try:
         if codec == CompressionType.SNAPPY:
@@ -116,8 +116,10 @@ def decompress_to_buffer(codec: int, data: BytesLike, limit: int = MAX_DECOMPRES
     raise CompressionError(f"unknown compression codec {codec}")
 
 
-# The first output buffer is this many times the compressed size (at least _MIN_GUESS).
-_FIRST_GUESS_RATIO = 4
+# The first output buffer is this many times the compressed size (at least _MIN_GUESS, or the
+# size the payload declares); a full one is replaced by one _GROWTH times larger.
+_FIRST_GUESS_RATIO = 8
+_GROWTH = 4
 _MIN_GUESS = 64 * 1024
 _FULL_BUFFER = "failed to write whole buffer"
 
@@ -135,9 +137,9 @@ def _decompress_growing(codec: int, data: BytesLike, limit: int) -> bytearray:
             written = size + 1
         if written >= size and size < limit:
             # Full (or filled exactly, which may have held only the payload's start): try a
-            # buffer twice as large, freeing this one first so that peak memory stays ~ the limit.
+            # larger buffer, freeing this one first so that peak memory stays ~ the limit.
             del out
-            size = min(limit, size * 2)
+            size = min(limit, size * _GROWTH)
             continue
         if written > size:
             raise CompressionError(
@@ -148,10 +150,22 @@ def _decompress_growing(codec: int, data: BytesLike, limit: int) -> bytearray:
 
 
 def _claimed_size(codec: int, data: BytesLike) -> int:
-    """The uncompressed size a gzip payload declares (ISIZE, mod 2^32): a first guess only."""
+    """The uncompressed size a payload declares, when its format says (gzip's ISIZE, mod 2^32;
+    a zstd frame's content size): a first guess only, never trusted beyond the limit."""
     if codec == CompressionType.GZIP and len(data) >= 18:
         return int.from_bytes(bytes(data[-4:]), "little")
+    if codec == CompressionType.ZSTD and len(data) >= 6 and bytes(data[:4]) == _ZSTD_MAGIC:
+        descriptor = data[4]
+        single_segment = (descriptor >> 5) & 1
+        size_bytes = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+        at = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
+        if size_bytes and len(data) >= at + size_bytes:
+            size = int.from_bytes(bytes(data[at : at + size_bytes]), "little")
+            return size + 256 if size_bytes == 2 else size
     return 0
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 def _decompress_raw_snappy(data: BytesLike, limit: int) -> bytearray:
