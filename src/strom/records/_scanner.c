@@ -60,10 +60,17 @@ typedef struct {
 static inline scan_error read_varint(const uint8_t *b, Py_ssize_t *pos, Py_ssize_t end, int32_t *out)
 {
     Py_ssize_t p = *pos;
+    /* One- and two-byte varints (-8192..8191) cover nearly every length and delta. */
     if (p < end && b[p] < 0x80) {
         uint32_t u = b[p];
         *out = (int32_t)((u >> 1) ^ (uint32_t)-(int32_t)(u & 1));
         *pos = p + 1;
+        return OK;
+    }
+    if (end - p >= 2 && b[p + 1] < 0x80) {
+        uint32_t u = (uint32_t)(b[p] & 0x7F) | ((uint32_t)b[p + 1] << 7);
+        *out = (int32_t)((u >> 1) ^ (uint32_t)-(int32_t)(u & 1));
+        *pos = p + 2;
         return OK;
     }
     uint32_t u = 0;
@@ -299,18 +306,19 @@ static PyObject *trailing_error(Py_ssize_t left, long long count)
 }
 
 /* validate(data, start, end, count, last_offset_delta, base_timestamp, earliest, latest,
- *          check_timestamps) -> (max_timestamp, keyless, out_of_range)
+ *          check_timestamps, check_keys) -> (max_timestamp, keyless, out_of_range)
  *
  * Walks every record. max_timestamp is the largest record timestamp (base + delta);
- * keyless and out_of_range are lists of record indexes (records without a key; CreateTime
- * timestamps other than -1 outside [earliest, latest] when check_timestamps), or None. */
+ * keyless and out_of_range are lists of record indexes (records without a key when
+ * check_keys; timestamps other than -1 outside [earliest, latest] when check_timestamps),
+ * or None when there are none. */
 static PyObject *validate(PyObject *self, PyObject *args)
 {
     scan_args a;
     long long base_timestamp, earliest, latest;
-    int check_timestamps;
-    if (!PyArg_ParseTuple(args, "y*nnLLLLLp", &a.view, &a.start, &a.end, &a.count, &a.last_offset_delta,
-                          &base_timestamp, &earliest, &latest, &check_timestamps))
+    int check_timestamps, check_keys;
+    if (!PyArg_ParseTuple(args, "y*nnLLLLLpp", &a.view, &a.start, &a.end, &a.count, &a.last_offset_delta,
+                          &base_timestamp, &earliest, &latest, &check_timestamps, &check_keys))
         return NULL;
     PyObject *result = NULL, *keyless = NULL, *out_of_range = NULL;
     if (check_args(&a) < 0)
@@ -337,7 +345,7 @@ static PyObject *validate(PyObject *self, PyObject *args)
         }
         if (timestamp > max_timestamp)
             max_timestamp = timestamp;
-        if (r.key_len < 0)
+        if (check_keys && r.key_len < 0)
             keyless_count++;
         if (check_timestamps && timestamp != -1 && (timestamp < earliest || timestamp > latest))
             bad_timestamps++;

@@ -13,6 +13,7 @@ def validate(
     earliest: int,
     latest: int,
     check_timestamps: bool,
+    check_keys: bool,
     /,
 ) -> tuple[int, list[int] | None, list[int] | None]: ...
 def decode(

@@ -73,11 +73,12 @@ def validate(
     earliest: int,
     latest: int,
     check_timestamps: bool,
+    check_keys: bool,
 ) -> tuple[int, list[int] | None, list[int] | None]:
     """Walk every record of ``header``'s batch in ``data[start:end]``.
 
-    Returns the largest record timestamp, the indexes of keyless records and those of
-    records whose timestamp (other than -1) lies outside [earliest, latest] when
+    Returns the largest record timestamp, the indexes of keyless records when ``check_keys``
+    and those of records whose timestamp (other than -1) lies outside [earliest, latest] when
     ``check_timestamps`` (None when there are none). Raises RecordError.
     """
     result: tuple[int, list[int] | None, list[int] | None] = _scanner.validate(
@@ -90,6 +91,7 @@ def validate(
         earliest,
         latest,
         check_timestamps,
+        check_keys,
     )
     return result
 
@@ -97,7 +99,7 @@ def validate(
 def check(data: BytesLike, start: int, end: int, count: int, last_offset_delta: int) -> None:
     """Only the checks: raises RecordError for a malformed record (a decoder of its own, such as
     the Spark columnar one, calls this first so that it accepts exactly what the scanner does)."""
-    _scanner.validate(data, start, end, count, last_offset_delta, 0, 0, 0, False)
+    _scanner.validate(data, start, end, count, last_offset_delta, 0, 0, 0, False, False)
 
 
 def decode(

@@ -157,11 +157,11 @@ def analyze(
             raise InvalidRecordError(str(e), [(index, str(e))]) from e
         try:
             max_timestamp, keyless, out_of_range = scanner.validate(
-                payload, start, end, header, earliest, latest, check_timestamps
+                payload, start, end, header, earliest, latest, check_timestamps, config.compact
             )
         except scanner.RecordError as e:
             raise InvalidRecordError(f"record batch {index} is malformed: {e}") from e
-        if keyless and config.compact:
+        if keyless:
             _reject_keyless(keyless, topic_partition)
         if out_of_range:
             _reject_timestamps(out_of_range, header, earliest, latest)

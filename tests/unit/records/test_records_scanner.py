@@ -133,9 +133,9 @@ def test_validate_reports_max_timestamp_keyless_and_out_of_range_records() -> No
             records_count=3,
         )
     )
-    assert scanner.validate(payload, 0, len(payload), header, 0, 10**6, True) == (1007, [0, 2], None)
-    assert scanner.validate(payload, 0, len(payload), header, 998, 1003, True) == (1007, [0, 2], [0, 1])
-    assert scanner.validate(payload, 0, len(payload), header, 998, 1003, False)[2] is None
+    assert scanner.validate(payload, 0, len(payload), header, 0, 10**6, True, True) == (1007, [0, 2], None)
+    assert scanner.validate(payload, 0, len(payload), header, 998, 1003, True, True) == (1007, [0, 2], [0, 1])
+    assert scanner.validate(payload, 0, len(payload), header, 998, 1003, False, False) == (1007, None, None)
 
 
 def test_timestamp_of_minus_one_is_never_out_of_range() -> None:
@@ -155,7 +155,7 @@ def test_timestamp_of_minus_one_is_never_out_of_range() -> None:
             records_count=1,
         )
     )
-    assert scanner.validate(payload, 0, len(payload), header, 5, 10, True) == (-1, None, None)
+    assert scanner.validate(payload, 0, len(payload), header, 5, 10, True, True) == (-1, None, None)
 
 
 def test_cleaned_batches_may_have_gaps_in_offset_deltas() -> None:
