@@ -8,6 +8,7 @@ import argparse
 import io
 import json
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from brokerproc import HOST, STROM, free_port
+from strom import __version__ as strom_version
 from strom.cli.main import build_parser, main
 from strom.client.admin import AdminClient, NewTopic, OffsetSpec
 from strom.client.cluster import TopicPartition
@@ -115,7 +117,7 @@ def test_help_on_every_command(strom: Strom) -> None:
     ("argv", "fragment"),
     [
         (["topics", "create", "t", "--partitions", "zero"], "expected a whole number"),
-        (["topics", "create"], "the following arguments are required: topic"),
+        (["topics", "create"], "the following arguments are required: TOPIC (or --topic)"),
         (["topics", "frobnicate"], "invalid choice"),
         (
             ["groups", "reset-offsets", "g", "--topic", "t", "--to-earliest", "--to-latest"],
@@ -127,7 +129,16 @@ def test_help_on_every_command(strom: Strom) -> None:
     ],
 )
 def test_bad_arguments_are_one_line(strom: Strom, argv: list[str], fragment: str) -> None:
-    assert_one_line_error(strom(*argv, connect=False), fragment, "(see --help)", code=2)
+    result = strom(*argv, connect=False)
+    assert_one_line_error(result, fragment, "(see --help)", code=2)
+    # Named by the (sub)command that refused; the hint only once.
+    assert re.match(rf"strom {argv[0]}( {argv[1]})?: error: ", result.err), result.err
+    assert result.err.count("--help") == 1
+
+
+def test_version(strom: Strom) -> None:
+    result = strom("--version", connect=False)
+    assert (result.code, result.out) == (0, f"strom {strom_version}\n")
 
 
 def test_config_a_command_does_not_know_is_refused(strom: Strom) -> None:
@@ -138,19 +149,21 @@ def test_config_a_command_does_not_know_is_refused(strom: Strom) -> None:
     )
 
 
-def test_unreachable_broker_fails_fast_in_one_line(strom: Strom) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [["produce", "orders"], ["consume", "orders"], ["topics", "list"], ["groups", "list"], ["cluster"]],
+)
+def test_unreachable_cluster_is_reported_alike_and_fast(strom: Strom, argv: list[str]) -> None:
+    """Every command says the same within seconds (the producer used to wait max.block.ms, 15 s,
+    and blame metadata); the clients' own timeouts are left at their 15 s defaults here."""
+    address = f"{HOST}:{free_port()}"
     started = time.monotonic()
-    result = strom(
-        "topics",
-        "list",
-        "--bootstrap-server",
-        f"{HOST}:{free_port()}",
-        "--property",
-        "default.api.timeout.ms=500",
-        connect=False,
-    )
+    result = strom(*argv, "--bootstrap-server", address, stdin=b"a\n", connect=False)
     assert time.monotonic() - started < 5
-    assert_one_line_error(result, "did not complete within 500 ms", "cannot connect")
+    command = " ".join(argv[:2] if argv[0] in ("topics", "groups") else argv[:1])
+    assert_one_line_error(
+        result, f"strom {command}: error: cannot reach the cluster at {address} (connection refused)"
+    )
 
 
 def test_command_config_file(strom: Strom, tmp_path: Path) -> None:
@@ -243,6 +256,15 @@ def test_configs_describe_and_alter(strom: Strom, admin: AdminClient) -> None:
         strom("configs", "alter", *entity, "--add-config", "retention.ms=soon"), "INVALID_CONFIG"
     )
     assert_one_line_error(strom("configs", "alter", *entity), "nothing to change", code=2)
+    # kafka-configs' shorthand.
+    assert strom("configs", "describe", "--topic", name).out == strom("configs", "describe", *entity).out
+    shorthand = strom("configs", "alter", "--topic", name, "--delete-config", "max.message.bytes")
+    assert shorthand.out == f"Completed updating config for topic {name}.\n"
+    assert "max.message.bytes" not in strom("configs", "describe", "--topic", name).out
+    assert_one_line_error(
+        strom("configs", "describe", "--topic", name, "--entity-type", "topics"), "give one of", code=2
+    )
+    assert_one_line_error(strom("configs", "describe"), "give --entity-type", code=2)
 
     node = admin.describe_cluster().nodes[0].node_id
     assert (
@@ -251,6 +273,7 @@ def test_configs_describe_and_alter(strom: Strom, admin: AdminClient) -> None:
     )
     brokers = strom("configs", "describe", "--entity-type", "brokers", "--all")
     assert brokers.out.startswith(f"All configs for broker {node}:\n")
+    assert strom("configs", "describe", "--broker", str(node), "--all").out == brokers.out
     assert (
         "  group.initial.rebalance.delay.ms=0  (STATIC_BROKER_CONFIG read-only)" in brokers.out.splitlines()
     )
@@ -520,6 +543,128 @@ def test_consume_with_group_commits_what_it_printed(
     )
 
 
+def test_produce_failure_explains_the_error_code(strom: Strom, admin: AdminClient) -> None:
+    name = unique("cli-small")
+    admin.create_topics([NewTopic(name, 1, 1, {"max.message.bytes": "200"})])
+    result = strom("produce", name, stdin=b"x" * 500 + b"\n")
+    assert_one_line_error(
+        result,
+        "strom produce: error: 1 of 1 records were not written: ",
+        "MESSAGE_TOO_LARGE",
+        ": a record batch is larger than the topic's max.message.bytes",
+    )
+
+
+def test_consume_exit_at_end(strom: Strom, admin: AdminClient, bootstrap: str) -> None:
+    """-e stops at the end of every partition (an empty one included), alone or in a group."""
+    name = unique("cli-end")
+    admin.create_topics([NewTopic(name, 3, 1)])
+    producer = CKProducer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for partition, count in ((0, 3), (1, 2)):  # partition 2 stays empty
+        for i in range(count):
+            producer.produce(name, f"{partition}-{i}".encode(), partition=partition)
+    assert producer.flush(10) == 0
+    expected = sorted(["0-0", "0-1", "0-2", "1-0", "1-1"])
+    for argv in (
+        ("--from-beginning", "-e"),
+        ("--from-beginning", "--exit-at-end", "--group", unique("cli-end-group")),
+    ):
+        started = time.monotonic()
+        result = strom("consume", "--topic", name, *argv)
+        assert result.code == 0, result
+        assert sorted(result.out.splitlines()) == expected
+        assert time.monotonic() - started < 10
+    # From the end there is nothing to wait for.
+    tail = strom("consume", name, "-e")
+    assert (tail.code, tail.out) == (0, "")
+
+
+def test_topic_option_wherever_a_topic_is_positional(
+    strom: Strom, admin: AdminClient, tmp_path: Path
+) -> None:
+    name = unique("cli-alias")
+    assert strom("topics", "create", "--topic", name, "--partitions", "1").out == f"Created topic {name}.\n"
+    assert strom("topics", "alter", "--topic", name, "--partitions", "2").code == 0
+    described = strom("topics", "describe", "--topic", name)
+    assert described.out.startswith(f"Topic: {name}\t") and "PartitionCount: 2" in described.out
+    assert strom("produce", "--topic", name, "--partition", "1", stdin=b"a\nb\n").code == 0
+    offsets = strom("offsets", "--topic", name)
+    assert rows(offsets.out) == [[name, "0", "0", "0"], [name, "1", "0", "2"]]
+    consumed = strom("consume", "--topic", name, "--from-beginning", "--max-messages", "2")
+    assert consumed.out == "a\nb\n"
+    deleted = strom("delete-records", "--topic", name, "--partition", "1", "--offset", "1")
+    assert rows(deleted.out) == [[name, "1", "1"]]
+    # The same value twice is fine; two different ones are not.
+    assert strom("offsets", name, "--topic", name).code == 0
+    assert_one_line_error(
+        strom("offsets", name, "--topic", "other"), "two different values for TOPIC", code=2
+    )
+    assert strom("topics", "delete", "--topic", name).out == f"Deleted topic {name}.\n"
+    assert name not in admin.list_topics()
+
+
+def test_cluster(strom: Strom, admin: AdminClient, bootstrap: str) -> None:
+    described = admin.describe_cluster()
+    (node,) = described.nodes
+    text = strom("cluster")
+    assert text.code == 0, text
+    lines = text.out.splitlines()
+    assert lines[:2] == [f"Cluster ID: {described.cluster_id}", f"Controller: {node.node_id}"]
+    assert lines[3].split() == ["ID", "HOST", "PORT", "RACK", "CONTROLLER"]
+    assert lines[4].split() == [str(node.node_id), node.host, str(node.port), "-", "*"]
+    assert f"{node.address} (id: {node.node_id} rack: null) -> (" in lines
+    listed = [re.fullmatch(r"\t(\w+)\((\d+)\): (\d+) to (\d+),?", line) for line in lines[7:-1]]
+    assert all(listed) and lines[-1] == ")"
+    versions = {m[1]: (int(m[2]), int(m[3]), int(m[4])) for m in listed if m}
+    assert versions["Produce"][0] == 0 and versions["ApiVersions"][:2] == (18, 0)
+    document = json.loads(strom("cluster", "--json").out)
+    assert (document["cluster_id"], document["controller_id"]) == (described.cluster_id, node.node_id)
+    (broker,) = document["brokers"]
+    assert (broker["id"], broker["host"], broker["port"], broker["error"]) == (
+        node.node_id,
+        node.host,
+        node.port,
+        None,
+    )
+    assert {
+        v["name"]: (v["api_key"], v["min_version"], v["max_version"]) for v in broker["api_versions"]
+    } == versions
+    brief = strom("cluster", "--no-api-versions")
+    assert brief.out.splitlines() == lines[:5]
+
+
+def test_bootstrap_from_the_environment_and_profiles(
+    strom: Strom, bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("STROM_PROFILE", raising=False)
+    nobody = f"{HOST}:{free_port()}"
+    monkeypatch.setenv("STROM_BOOTSTRAP_SERVERS", bootstrap)
+    assert strom("topics", "list", connect=False).code == 0
+    # --bootstrap-server comes first.
+    result = strom("topics", "list", "--bootstrap-server", nobody, connect=False)
+    assert_one_line_error(result, f"cannot reach the cluster at {nobody}")
+    monkeypatch.delenv("STROM_BOOTSTRAP_SERVERS")
+
+    profiles = tmp_path / "strom"
+    profiles.mkdir()
+    # A profile's keys serve every command: linger.ms (a producer's) does not trouble the admin client.
+    (profiles / "default.properties").write_text(f"bootstrap.servers={bootstrap}\nlinger.ms=5\n")
+    (profiles / "elsewhere.properties").write_text(f"bootstrap.servers={nobody}\n")
+    assert strom("topics", "list", connect=False).code == 0
+    assert_one_line_error(strom("groups", "list", "--profile", "elsewhere", connect=False), nobody)
+    monkeypatch.setenv("STROM_PROFILE", "elsewhere")
+    assert_one_line_error(strom("topics", "list", connect=False), nobody)
+    # The environment's address beats the profile's.
+    monkeypatch.setenv("STROM_BOOTSTRAP_SERVERS", bootstrap)
+    assert strom("topics", "list", connect=False).code == 0
+    assert_one_line_error(
+        strom("topics", "list", "--profile", "nosuch", connect=False),
+        f"no client profile 'nosuch': {profiles / 'nosuch.properties'} does not exist",
+        code=2,
+    )
+
+
 def test_consume_unknown_topic(strom: Strom, admin: AdminClient) -> None:
     name = unique("nosuch")
     assert_one_line_error(strom("consume", name, "--timeout-ms", "500"), f"topic '{name}' does not exist")
@@ -543,4 +688,6 @@ def test_console_script_round_trip(bootstrap: str) -> None:
     assert (consumed.returncode, consumed.stdout, consumed.stderr) == (0, b"0:one\n1:two\n", b"")
     failed = run("topics", "describe", unique("nosuch"))
     assert failed.returncode == 1 and failed.stdout == b""
-    assert failed.stderr.startswith(b"strom: error: topic") and failed.stderr.count(b"\n") == 1
+    assert (
+        failed.stderr.startswith(b"strom topics describe: error: topic") and failed.stderr.count(b"\n") == 1
+    )

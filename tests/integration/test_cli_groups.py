@@ -188,13 +188,19 @@ def test_describe_shows_confluent_kafkas_lag(strom: Strom, topic: Topic, bootstr
         ]
         everything = strom("groups", "describe", group)
         assert everything.out == f"{state.out}\n{offsets.out}\n{members.out}"
+        # Kafka's spelling of the same.
+        assert strom("groups", "describe", "--group", group, "--state").out == state.out
 
         listed = strom("groups", "list")
         assert group in listed.out.splitlines()
         assert [group, "Stable"] in table(strom("groups", "list", "--state").out)
         assert group not in strom("groups", "list", "--state", "Empty").out
 
-        assert_one_line_error(strom("groups", "delete", group), "NON_EMPTY_GROUP")
+        # The error code comes with what it means here.
+        assert_one_line_error(
+            strom("groups", "delete", group),
+            f"strom groups delete: error: group '{group}': NON_EMPTY_GROUP: the group still has active members",
+        )
     finally:
         member.close()
 
@@ -230,12 +236,42 @@ def test_reset_is_refused_for_an_active_group(
 def test_dry_run_changes_nothing(strom: Strom, topic: Topic, admin: AdminClient) -> None:
     group = new_group()
     set_committed(admin, group, topic.name, {0: 4, 1: 6})
-    for extra in ((), ("--dry-run",)):
+    for extra in ((), ("--dry-run",), ("--export",)):
         plan = strom("groups", "reset-offsets", group, "--topic", topic.name, "--to-earliest", *extra)
         assert plan.code == 0, plan
-        assert plan.out.splitlines()[0].split() == ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"]
-        assert table(plan.out) == [[group, topic.name, "0", "0"], [group, topic.name, "1", "0"]]
+        if extra != ("--export",):
+            assert plan.out.splitlines()[0].split() == ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"]
+            assert table(plan.out) == [[group, topic.name, "0", "0"], [group, topic.name, "1", "0"]]
+        else:
+            assert plan.out == f"{topic.name},0,0\n{topic.name},1,0\n"  # the notice stays off stdout
+        assert plan.err == (
+            f"Dry run: the offsets of group '{group}' were not changed; add --execute to commit them.\n"
+        )
         assert committed(admin, group) == {(topic.name, 0): 4, (topic.name, 1): 6}
+    executed = strom(
+        "groups", "reset-offsets", "--group", group, "--topic", topic.name, "--to-earliest", "--execute"
+    )
+    assert executed.code == 0 and executed.err == ""
+    assert committed(admin, group) == {(topic.name, 0): 0, (topic.name, 1): 0}
+
+
+def test_describe_all_groups(strom: Strom, topic: Topic, admin: AdminClient) -> None:
+    first, second = sorted((new_group(), new_group()))
+    set_committed(admin, first, topic.name, {0: 1})
+    set_committed(admin, second, topic.name, {1: 2})
+    result = strom("groups", "describe", "--all-groups", "--offsets")
+    assert result.code == 0, result
+    rows = {(r[0], r[2]): r[3:6] for r in table(result.out) if r[0] in (first, second)}
+    assert rows == {
+        (first, "0"): ["1", str(RECORDS), str(RECORDS - 1)],
+        (second, "1"): ["2", str(RECORDS), str(RECORDS - 2)],
+    }
+    # The two groups' sections come in group order, each with its own header.
+    assert result.out.index(f"{first} ") < result.out.index(f"{second} ")
+    assert_one_line_error(strom("groups", "describe", first, "--all-groups"), "not both", code=2)
+    assert_one_line_error(strom("groups", "describe"), "--all-groups", code=2)
+    deleted = strom("groups", "delete", "--group", first, second)
+    assert deleted.out == f"Deleted consumer group {first}.\nDeleted consumer group {second}.\n"
 
 
 def reset(strom: Strom, group: str, *argv: str) -> dict[int, int]:

@@ -217,4 +217,4 @@ def test_errors_are_one_line(bootstrap: str) -> None:
         "no.such.config=1",
     )
     assert (status, out) == (2, "")
-    assert err.startswith("strom perf: invalid producer config") and err.count("\n") == 1
+    assert err.startswith("strom perf: error: invalid producer config") and err.count("\n") == 1

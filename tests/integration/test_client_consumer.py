@@ -17,6 +17,7 @@ Group membership with several processes is in test_consumer_groups.py (the "stro
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,7 @@ from integration.clients_util import (
     read,
     stored_records,
 )
+from kafka_wire import GroupWire
 from strom.client.cluster import TopicPartition
 from strom.client.consumer import (
     AsyncConsumer,
@@ -442,6 +444,36 @@ def test_member_that_stops_polling_leaves_and_rejoins(bootstrap: str, open_consu
     assert listener.events == [("assigned", {tp}), ("lost", {tp}), ("assigned", {tp})]
     assert consumer.group_metadata()[1] > generation
     consumer.commit_sync({tp: 1})
+
+
+def test_close_during_a_pending_join_leaves_the_group_at_once(
+    bootstrap: str, open_consumers: list[Consumer]
+) -> None:
+    """Ctrl-C while the consumer's JoinGroup waits for another member: close() returns at once and
+    the group no longer counts the consumer (the waiting JoinGroup and LeaveGroup share a connection,
+    and a broker answers a connection's requests in order)."""
+    topic = new_topic(bootstrap, "pending-join")
+    group = unique("pending-join")
+    subscription = struct.pack(">hih", 0, 1, len(topic)) + topic.encode() + struct.pack(">i", -1)
+    protocols = [("range", subscription)]
+    host, port = bootstrap.split(":")
+    with GroupWire(host, int(port), client_id="silent") as silent:
+        # A member that never rejoins: the next rebalance waits for its 30 s session.
+        member_id = silent.join_group(group, "", protocols, session_timeout_ms=30000).member_id
+        joined = silent.join_group(group, member_id, protocols, session_timeout_ms=30000)
+        silent.request(silent.sync_group_request(group, joined.generation_id, member_id, {member_id: b""}))
+        consumer = strom_consumer(bootstrap, **{"group.id": group})
+        open_consumers.append(consumer)
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + TIMEOUT
+        while len(silent.describe_groups(group).groups[0].members) < 2:
+            assert time.monotonic() < deadline, "the consumer never joined"
+            consumer.poll(0.1)
+        started = time.monotonic()
+        consumer.close(timeout=10)
+        assert time.monotonic() - started < 3
+        (described,) = silent.describe_groups(group).groups
+        assert [m.member_id for m in described.members] == [member_id]
 
 
 # ---------------------------------------------------------------- compaction and isolation

@@ -280,3 +280,56 @@ def test_sanity_check_failure_and_unknown_files(tmp_path: Path) -> None:
     assert status == 1
     assert "skipping" in err and "leader-epoch-checkpoint" in err
     assert "cannot read" in err and "00000000000000000100.log" in err
+
+
+def test_a_path_that_does_not_exist_fails(tmp_path: Path) -> None:
+    for missing in (tmp_path / "no-such-dir", tmp_path / "00000000000000000000.index"):
+        status, out, err = run(missing)
+        assert (status, out) == (1, "")
+        assert err.splitlines() == [
+            f"strom dump-log: error: cannot read {missing}: no such file or directory",
+            "strom dump-log: error: 1 problem(s) found",
+        ]
+
+
+@pytest.mark.parametrize("slots", [0, 1, 4])
+def test_unused_index_slots_are_not_entries(tmp_path: Path, slots: int) -> None:
+    """A live segment's indexes, preallocated (zero-filled slots) or not (no slots): no entries,
+    no problem, whatever the segment holds."""
+    write_segment(tmp_path, encode_batch([RecordSpec(None, b"x")] * 3, base_offset=100))
+    (tmp_path / "00000000000000000100.index").write_bytes(bytes(8 * slots))
+    (tmp_path / "00000000000000000100.timeindex").write_bytes(bytes(12 * slots))
+    status, out, err = run("--json", tmp_path)
+    assert (status, err) == (0, "")
+    assert not [e for e in map(json.loads, out.splitlines()) if e["kind"].endswith(("entry", "mismatch"))]
+    summaries = events(out, "index_summary")
+    assert [(s["entries"], s["unused_slots"]) for s in summaries] == [(0, slots), (0, slots)]
+
+
+def test_a_live_segment_is_healthy(running_broker: BrokerProcess) -> None:
+    """The broker's open segments, whatever their indexes hold so far: the default
+    index.interval.bytes (no entry yet) and an entry per batch."""
+    admin = AdminClient({"bootstrap.servers": running_broker.bootstrap})
+    topics = {"live-sparse": {}, "live-dense": {"index.interval.bytes": "1"}}
+    for name, config in topics.items():
+        admin.create_topics([NewTopic(name, 1, 1, config=config)])[name].result(10)
+    producer = Producer({"bootstrap.servers": running_broker.bootstrap, "linger.ms": 0})
+    for i in range(4):
+        for name in topics:
+            producer.produce(name, b"value %d" % i, partition=0)
+        assert producer.flush(10) == 0  # one batch each time
+    for name in topics:
+        status, out, err = run("--json", running_broker.data_dir / f"{name}-0")
+        assert (status, err) == (0, ""), out
+        assert not [e for e in map(json.loads, out.splitlines()) if e["kind"].endswith("mismatch")]
+        assert sum(b["count"] for b in events(out, "batch")) == 4
+        offset_entries = events(out, "offset_index_entry")
+        time_entries = events(out, "time_index_entry")
+        if name == "live-dense":
+            assert [e["offset"] for e in offset_entries] == [1, 2, 3]
+            # A batch in the same millisecond as the last indexed one adds no time entry.
+            assert time_entries and {e["offset"] for e in time_entries} <= {1, 2, 3}
+        else:
+            assert offset_entries == [] and time_entries == []
+        status, out, _ = run("--index-sanity-check", running_broker.data_dir / f"{name}-0")
+        assert status == 0 and out.count("passed sanity check.") == 2

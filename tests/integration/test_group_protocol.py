@@ -325,6 +325,61 @@ def test_most_voted_common_protocol_wins_and_the_group_has_a_maximum_size(connec
     assert described(a, group).group_state == "Empty"
 
 
+def test_a_new_member_whose_join_connection_closes_leaves_the_rebalance_at_once(connect: Connect) -> None:
+    """A member stopped while its first JoinGroup waits (Ctrl-C during a join) must not hold the
+    rebalance open for its rebalance timeout: the other members' rejoin completes at once."""
+    group = unique("abandoned-join")
+    a, b = connect("client-a"), connect("client-b")
+    a_id, gen1 = single_member_group(a, group, rebalance_timeout_ms=60000)
+    b_id = new_member_id(b, group, rebalance_timeout_ms=60000)
+    b.start(b.join_group_request(group, b_id, RANGE, rebalance_timeout_ms=60000))
+    wait_for_members(a, group, 2)
+    b.close()
+    deadline = time.monotonic() + 5
+    while len(described(a, group).members) != 1:
+        assert time.monotonic() < deadline, "the abandoned member stayed in the group"
+        time.sleep(0.02)
+    started = time.monotonic()
+    rejoined = a.join_group(group, a_id, RANGE, rebalance_timeout_ms=60000)
+    assert time.monotonic() - started < 2
+    assert (rejoined.error_code, rejoined.generation_id, rejoined.leader) == (ErrorCode.none, gen1 + 1, a_id)
+    assert [m.member_id for m in rejoined.members] == [a_id]
+    a.leave_group(group, (a_id, None))
+
+
+def test_an_existing_member_whose_rejoin_connection_closes_expires_by_its_session(connect: Connect) -> None:
+    """An existing member that abandons its rejoin is no longer waiting, so its session timeout
+    applies again (it must not count as joined, nor hold the rebalance for the rebalance timeout)."""
+    group = unique("abandoned-rejoin")
+    a, b, observer = connect("client-a"), connect("client-b"), connect("observer")
+    a_id, _ = single_member_group(a, group, rebalance_timeout_ms=60000, session_timeout_ms=1500)
+    b_id = new_member_id(b, group, rebalance_timeout_ms=60000, session_timeout_ms=1500)
+    b_join = b.start(
+        b.join_group_request(group, b_id, RANGE, rebalance_timeout_ms=60000, session_timeout_ms=1500)
+    )
+    wait_for_members(a, group, 2)
+    a_join = a.join_group(group, a_id, RANGE, rebalance_timeout_ms=60000, session_timeout_ms=1500)
+    assert b_join().error_code == ErrorCode.none
+    generation = a_join.generation_id
+    a.request(a.sync_group_request(group, generation, a_id, {a_id: b"a", b_id: b"b"}))
+    assert b.request(b.sync_group_request(group, generation, b_id)).error_code == ErrorCode.none
+    # The leader rejoins (the group prepares a rebalance), and its connection closes mid-join.
+    a.start(a.join_group_request(group, a_id, RANGE, rebalance_timeout_ms=60000, session_timeout_ms=1500))
+    deadline = time.monotonic() + 5
+    while described(observer, group).group_state != "PreparingRebalance":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    a.close()
+    assert b.heartbeat(group, generation, b_id) == ErrorCode.rebalance_in_progress
+    started = time.monotonic()
+    # Answered once A's session (1.5 s) expires, not after the 60 s rebalance timeout.
+    rejoined = b.join_group(group, b_id, RANGE, rebalance_timeout_ms=60000, session_timeout_ms=1500)
+    assert time.monotonic() - started < 5
+    assert (rejoined.error_code, rejoined.leader) == (ErrorCode.none, b_id)
+    assert [m.member_id for m in rejoined.members] == [b_id]
+    b.leave_group(group, (b_id, None))
+
+
 # --- static membership -------------------------------------------------------------------
 
 

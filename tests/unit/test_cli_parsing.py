@@ -1,5 +1,6 @@
 """The `strom` commands' parsing and formatting, without a broker: timestamps, durations, partition
-lists, config files, reset plans, --format templates, JSON records, tables and one-line errors."""
+lists, config files, profiles and where the bootstrap servers come from, --topic/--group spellings,
+reset plans, --format templates, JSON records, tables, one-line errors and error-code sentences."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 
 from strom.cli.common import (
     CLI_TIMEOUTS,
+    DEFAULT_BOOTSTRAP,
     CliError,
     HelpFormatter,
+    bootstrap_servers,
     client_config,
     key_value,
     parse_datetime,
@@ -25,11 +28,21 @@ from strom.cli.common import (
 from strom.cli.configs import parse_add_config
 from strom.cli.consume import compile_format, record_json, render
 from strom.cli.delete_records import read_offset_json
+from strom.cli.error_text import SENTENCES, explain
 from strom.cli.groups import read_reset_plan
 from strom.cli.main import build_parser
 from strom.client.cluster import TopicPartition
 from strom.client.config import ADMIN, PRODUCER
 from strom.client.consumer import ConsumerRecord
+from strom.client.errors import ErrorCode, KafkaException
+
+
+@pytest.fixture(autouse=True)
+def no_user_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's own profiles and environment must not leak into these tests."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("STROM_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("STROM_PROFILE", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -241,3 +254,55 @@ def test_serve_keeps_its_arguments() -> None:
         [("num.partitions", "3")],
     )
     assert args.log_level is None
+
+
+def test_bootstrap_servers_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    profiles = tmp_path / "config" / "strom"
+    profiles.mkdir(parents=True)
+
+    def args(flag: str | None = None, properties: list[tuple[str, str]] | None = None) -> argparse.Namespace:
+        return argparse.Namespace(
+            bootstrap_server=flag, command_config=None, property=properties or [], profile=None
+        )
+
+    assert bootstrap_servers(args()) == DEFAULT_BOOTSTRAP
+    (profiles / "default.properties").write_text("bootstrap.servers=profile:1\nretries=4\nlinger.ms=9\n")
+    assert bootstrap_servers(args()) == "profile:1"
+    monkeypatch.setenv("STROM_BOOTSTRAP_SERVERS", "env:1")
+    assert bootstrap_servers(args()) == "env:1"
+    assert bootstrap_servers(args(properties=[("bootstrap.servers", "property:1")])) == "property:1"
+    assert bootstrap_servers(args("flag:1", [("bootstrap.servers", "property:1")])) == "flag:1"
+    # A profile's configs apply where the client knows them; flags still win.
+    config = client_config(args(properties=[("retries", "7")]), ADMIN)
+    assert (config["retries"], config["bootstrap.servers"], "linger.ms" in config) == ("7", "env:1", False)
+    assert client_config(args(), PRODUCER)["linger.ms"] == "9"
+
+
+def test_either_spelling_of_topics_and_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    parse = build_parser().parse_args
+    assert parse(["consume", "--topic", "t"]).topic == "t"
+    assert parse(["consume", "t"]).topic == "t"
+    assert parse(["topics", "delete", "a", "--topic", "b"]).topics == ["a", "b"]
+    assert parse(["topics", "describe"]).topics in (None, [])
+    assert parse(["groups", "reset-offsets", "--group", "g", "--topic", "t:0", "--to-latest"]).group == "g"
+    args = parse(["groups", "delete", "--group", "g1", "--group", "g2"])
+    assert (args.groups, args.command_prog) == (["g1", "g2"], "strom groups delete")
+    for argv, message in (
+        (["produce"], "strom produce: error: the following arguments are required: TOPIC (or --topic)"),
+        (
+            ["consume", "a", "--topic", "b"],
+            "strom consume: error: two different values for TOPIC: 'a' and 'b'",
+        ),
+        (["groups", "delete"], "the following arguments are required: GROUP (or --group)"),
+    ):
+        with pytest.raises(SystemExit):
+            parse(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_every_error_code_has_a_sentence() -> None:
+    missing = [code.name for code in ErrorCode if code != ErrorCode.none and code not in SENTENCES]
+    assert missing == []
+    error = KafkaException.from_code(ErrorCode.non_empty_group, "group 'g'")
+    assert explain(error) == f"group 'g': NON_EMPTY_GROUP: {SENTENCES[ErrorCode.non_empty_group]}"
+    assert explain(KafkaException("no code")) == "no code"

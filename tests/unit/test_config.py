@@ -246,6 +246,12 @@ def test_log_config_defaults_are_the_explicit_topic_default_keys() -> None:
         ),
         ({"node.id": "1", "broker.id": "2"}, "must be equal to node.id (1)"),
         ({"log.dirs": " , "}, "At least one log directory must be defined"),
+        (
+            {"queued.max.request.bytes": "1024"},
+            "queued.max.request.bytes must be larger or equal to socket.request.max.bytes",
+        ),
+        ({"max.connections.per.ip": "0"}, "can be set to zero only if max.connections.per.ip.overrides"),
+        ({"max.connections.per.ip.overrides": "host-without-count"}, "expected host:count"),
     ],
 )
 def test_invalid_values_give_one_line_config_error(props: dict[str, str], message: str) -> None:
@@ -536,3 +542,23 @@ def test_describe_topic_config_sources_and_synonyms() -> None:
     remote = entries["remote.storage.enable"]
     assert (remote.value, remote.source, remote.synonyms) == ("false", ConfigSource.DEFAULT_CONFIG, ())
     assert all(not e.read_only and not e.is_sensitive and e.documentation for e in entries.values())
+
+
+def test_connection_limits_are_read() -> None:
+    config = KafkaConfig.from_sources(
+        {
+            "queued.max.requests": "7",
+            "queued.max.request.bytes": "-1",
+            "max.connections": "100",
+            "max.connections.per.ip": "0",
+            "max.connections.per.ip.overrides": "127.0.0.1:5, [::1]:6",
+            "fetch.max.bytes": "4096",
+        },
+        {},
+    )
+    assert config.queued_max_requests == 7 and config.queued_max_request_bytes == -1
+    assert config.max_connections == 100 and config.max_connections_per_ip == 0
+    assert config.max_connections_per_ip_overrides == {"127.0.0.1": 5, "::1": 6}
+    assert config.fetch_max_bytes == 4096
+    # Kafka's default is unbounded; Strom's bounds request memory (docs/CONFIGURATION.md).
+    assert KafkaConfig.from_sources({}, {}).queued_max_request_bytes == 256 << 20

@@ -177,6 +177,48 @@ _IMPLEMENTED = (
         "SO_RCVBUF of client sockets (-1: OS default).",
     ),
     _key("connections.max.idle.ms", T.LONG, 600000, None, "Close connections idle this long."),
+    _key(
+        "queued.max.requests",
+        T.INT,
+        500,
+        Range(1),
+        "Requests one connection may have queued behind the one in flight before it stops reading.",
+    ),
+    # Kafka's default is -1 (unbounded); Strom bounds request memory by default (docs/CONFIGURATION.md).
+    _key(
+        "queued.max.request.bytes",
+        T.LONG,
+        256 * 1024 * 1024,
+        None,
+        "Bytes of requests received and not yet answered, across all connections, before connections "
+        "stop reading (<= 0: unbounded).",
+    ),
+    _key(
+        "max.connections", T.INT, INT_MAX, Range(0), "The most connections the broker accepts.", dynamic=True
+    ),
+    _key(
+        "max.connections.per.ip",
+        T.INT,
+        INT_MAX,
+        Range(0),
+        "The most connections from one address.",
+        dynamic=True,
+    ),
+    _key(
+        "max.connections.per.ip.overrides",
+        T.STRING,
+        "",
+        None,
+        "Per-address exceptions to max.connections.per.ip, as host:count pairs separated by commas.",
+        dynamic=True,
+    ),
+    _key(
+        "fetch.max.bytes",
+        T.INT,
+        55 * 1024 * 1024,
+        Range(1024),
+        "The most bytes one fetch response returns (KIP-541), whatever the request asks.",
+    ),
     # Single node: one replica is all the internal topics can have (Kafka's defaults are 3, 3 and 2).
     _key(
         "offsets.topic.replication.factor",
@@ -321,7 +363,6 @@ _ACCEPTED = (
         dynamic=True,
     ),
     _accepted("background.threads", T.INT, 10, Range(1), "Background task threads.", dynamic=True),
-    _accepted("queued.max.requests", T.INT, 500, Range(1), "Requests queued before network threads block."),
     _accepted(
         "num.replica.fetchers",
         T.INT,
@@ -373,17 +414,6 @@ _ACCEPTED = (
         "How often log start offsets are written to disk.",
     ),
     _accepted("socket.listen.backlog.size", T.INT, 50, Range(1), "The listen backlog of server sockets."),
-    _accepted(
-        "max.connections", T.INT, INT_MAX, Range(0), "The most connections the broker accepts.", dynamic=True
-    ),
-    _accepted(
-        "max.connections.per.ip",
-        T.INT,
-        INT_MAX,
-        Range(0),
-        "The most connections from one address.",
-        dynamic=True,
-    ),
     _accepted("request.timeout.ms", T.INT, 30000, None, "Timeout of the broker's own requests."),
     _accepted(
         "auto.leader.rebalance.enable", T.BOOLEAN, True, None, "Move leadership back to preferred replicas."
@@ -419,9 +449,6 @@ _ACCEPTED = (
         Range(1),
         "How long an idle producer id's state is kept.",
         dynamic=True,
-    ),
-    _accepted(
-        "fetch.max.bytes", T.INT, 55 * 1024 * 1024, Range(1024), "The most bytes one fetch response returns."
     ),
 )
 
@@ -684,6 +711,18 @@ class KafkaConfig:
         self.socket_send_buffer_bytes: int = self._int("socket.send.buffer.bytes")
         self.socket_receive_buffer_bytes: int = self._int("socket.receive.buffer.bytes")
         self.connections_max_idle_ms: int = self._int("connections.max.idle.ms")
+        self.queued_max_requests: int = self._int("queued.max.requests")
+        self.queued_max_request_bytes: int = self._int("queued.max.request.bytes")
+        self.max_connections: int = self._int("max.connections")
+        self.max_connections_per_ip: int = self._int("max.connections.per.ip")
+        self.max_connections_per_ip_overrides: dict[str, int] = self._ip_overrides()
+        self.fetch_max_bytes: int = self._int("fetch.max.bytes")
+        if 0 < self.queued_max_request_bytes < self.socket_request_max_bytes:
+            raise ConfigError("queued.max.request.bytes must be larger or equal to socket.request.max.bytes")
+        if self.max_connections_per_ip == 0 and not self.max_connections_per_ip_overrides:
+            raise ConfigError(
+                "max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides property is set."
+            )
         self.offsets_topic_replication_factor: int = self._int("offsets.topic.replication.factor")
         self.offsets_topic_num_partitions: int = self._int("offsets.topic.num.partitions")
         self.transaction_state_log_replication_factor: int = self._int(
@@ -846,6 +885,21 @@ class KafkaConfig:
         value = self._value(name)
         assert value is None or isinstance(value, str), name
         return value or ""
+
+    def _ip_overrides(self) -> dict[str, int]:
+        """max.connections.per.ip.overrides: ``host:count`` pairs separated by commas."""
+        overrides: dict[str, int] = {}
+        for entry in (e.strip() for e in self._str("max.connections.per.ip.overrides").split(",")):
+            host, sep, count = entry.rpartition(":")
+            if not entry:
+                continue
+            if not sep or not host.strip() or not count.strip().isdigit():
+                raise ConfigError(
+                    f"Invalid value {entry} for configuration max.connections.per.ip.overrides: "
+                    "expected host:count"
+                )
+            overrides[host.strip().strip("[]")] = int(count)
+        return overrides
 
     def _node_id(self) -> int:
         node_id, broker_id = self._int("node.id"), self._int("broker.id")

@@ -4,7 +4,9 @@ What Kafka does with requests it cannot serve, Strom does too: an ApiVersions
 request of an unknown version gets a v0-layout UNSUPPORTED_VERSION answer (so the
 client can retry with a version it finds in the list); anything else that cannot
 be decoded -- unknown API key, unsupported version, malformed body -- closes the
-connection.
+connection. Every body is walked by ``strom.protocol.guard`` before kio decodes it
+(``decode_body``), so no length read from the wire can make the decoder allocate more
+than the frame holds, and a handler never sees a null where the schema allows none.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class RequestDispatcher:
             header, body_offset = parse_request_header(frame)
             request = decode_body(request_entity(api_key, version), frame, body_offset)
         except ProtocolError as exc:
-            raise CloseConnection(str(exc)) from exc
+            raise CloseConnection(f"malformed {key.name} v{version} request: {exc}") from exc
         handler = self._handlers[key]
         response = await handler(RequestContext(header, self._broker, connection), request)
         if response is None:

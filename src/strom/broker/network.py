@@ -1,9 +1,18 @@
-"""The network layer: one asyncio protocol per client connection.
+"""The network layer: one asyncio protocol per client connection, and the limits they share.
 
-Frames are cut from the byte stream as they arrive and handled strictly one at a
-time per connection, so responses leave in request order (Kafka mutes a channel
-while its request is in flight for the same reason). Anything that is not a
-well-formed request costs the sender its connection and nothing else.
+Frames are cut from the byte stream by ``FrameDecoder`` as bytes arrive (a buffer
+grows only with the bytes received) and handled strictly one at a time per
+connection, so responses leave in request order (Kafka mutes a channel while its
+request is in flight for the same reason). Anything that is not a well-formed
+request costs the sender its connection and nothing else.
+
+Memory is bounded by bytes, broker-wide: ``RequestMemory`` counts every byte of a
+request from its arrival until its response is written (``queued.max.request.bytes``);
+while the count is above the bound, connections stop reading (Kafka mutes their
+channels) until responses free memory. Per connection, at most ``queued.max.requests``
+requests wait behind the one in flight. ``ConnectionQuotas`` enforces
+``max.connections`` and ``max.connections.per.ip`` (with its overrides) at accept time:
+a connection over a limit is closed at once, the newest one, as KIP-402 does.
 """
 
 from __future__ import annotations
@@ -11,16 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import cast
 
-from strom.protocol.framing import SIZE
+from strom.protocol.framing import FrameDecoder, FrameSizeError
 
 log = logging.getLogger(__name__)
-
-# Pause reading from a client that has this many requests queued: back-pressure to the socket.
-MAX_QUEUED_REQUESTS = 64
 
 
 class CloseConnection(Exception):
@@ -30,26 +37,131 @@ class CloseConnection(Exception):
 RequestHandler = Callable[["KafkaConnection", memoryview], Awaitable[bytes | None]]
 
 
+class RequestMemory:
+    """Bytes of requests received and not yet answered, across all connections.
+
+    ``limit`` <= 0 means unbounded (Kafka's -1). When the bound is reached, connections
+    that receive more stop reading until memory is released. Should the memory be held
+    only by requests still arriving -- so that no response will ever free any -- the
+    connection furthest into its request is let through to finish it: memory stays
+    bounded by the limit plus one request (plus the one read each connection may have
+    in progress when the bound is reached), and no set of slow senders can wedge the rest.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.answerable = 0  # of ``used``, the bytes of whole requests: responses will free them
+        self._waiting: set[KafkaConnection] = set()
+        self._exempt: KafkaConnection | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        return 0 < self.limit <= self.used
+
+    def acquire(self, nbytes: int) -> None:
+        self.used += nbytes
+
+    def release(self, nbytes: int, answerable: int) -> None:
+        self.used -= nbytes
+        self.answerable -= answerable
+        if self._waiting and not self.exhausted:
+            waiting, self._waiting = self._waiting, set()
+            self._exempt = None
+            for connection in waiting:
+                connection.update_reading()
+
+    def may_read(self, connection: KafkaConnection) -> bool:
+        """False (and the connection waits for memory) while the bound is reached."""
+        if not self.exhausted or connection is self._exempt:
+            return True
+        self._waiting.add(connection)
+        return False
+
+    def forget(self, connection: KafkaConnection) -> None:
+        self._waiting.discard(connection)
+        if self._exempt is connection:
+            self._exempt = None
+
+    def ensure_progress(self, connections: set[KafkaConnection]) -> None:
+        """Let one request finish when only partial requests hold the memory."""
+        if not self.exhausted or self._exempt is not None or not self._waiting:
+            return
+        if self.answerable > 0:
+            return  # a response will release memory
+        furthest = max(connections, key=lambda c: c.partial_bytes, default=None)
+        if furthest is None or not furthest.partial_bytes:
+            return
+        self._waiting.discard(furthest)
+        self._exempt = furthest
+        furthest.update_reading()
+
+    def frame_completed(self, connection: KafkaConnection) -> None:
+        if self._exempt is connection:
+            self._exempt = None
+
+
+@dataclass(slots=True)
+class ConnectionQuotas:
+    max_connections: int
+    max_per_ip: int
+    per_ip_overrides: Mapping[str, int] = field(default_factory=dict)
+    _per_ip: Counter[str] = field(default_factory=Counter)
+    _total: int = 0
+
+    def admit(self, ip: str) -> str | None:
+        """Count a new connection from ``ip``; the reason it must be closed if over a limit."""
+        limit = self.per_ip_overrides.get(ip, self.max_per_ip)
+        if self._per_ip[ip] >= limit:
+            return f"too many connections from {ip} (max.connections.per.ip={limit})"
+        if self._total >= self.max_connections:
+            return f"too many connections (max.connections={self.max_connections})"
+        self._per_ip[ip] += 1
+        self._total += 1
+        return None
+
+    def release(self, ip: str) -> None:
+        self._total -= 1
+        self._per_ip[ip] -= 1
+        if self._per_ip[ip] <= 0:
+            del self._per_ip[ip]
+
+
+@dataclass(slots=True)
+class NetworkLimits:
+    """What every connection of the broker shares: its limits and the set of open connections."""
+
+    max_request_size: int
+    queued_max_requests: int
+    memory: RequestMemory
+    quotas: ConnectionQuotas
+    connections: set[KafkaConnection] = field(default_factory=set)
+
+
 class KafkaConnection(asyncio.Protocol):
-    def __init__(
-        self, handle: RequestHandler, max_request_size: int, connections: set[KafkaConnection]
-    ) -> None:
+    def __init__(self, handle: RequestHandler, limits: NetworkLimits) -> None:
         self._handle = handle
-        self._max_request_size = max_request_size
-        self._connections = connections
-        self._head = bytearray()  # the 4-byte size of the next frame, as it arrives
-        self._frame: bytearray | None = None  # the frame being received, allocated at its full size
-        self._filled = 0
+        self._limits = limits
+        self._memory = limits.memory
+        self._decoder = FrameDecoder(limits.max_request_size)
         self._queue: deque[memoryview] = deque()
+        self._held = 0  # bytes received and not yet answered, counted in RequestMemory
+        self._answerable = 0  # of those, the bytes of whole requests (queued or in flight)
         self._wakeup: asyncio.Event = asyncio.Event()
         self._transport: asyncio.Transport | None = None
-        self._reading_paused = False
+        self._reading = True
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._task: asyncio.Task[None] | None = None
-        self._in_flight = False
+        self._in_flight: memoryview | None = None
+        self._ip: str | None = None  # set once admitted by the connection quotas
         self.last_active = time.monotonic()
         self.peer = "?"
+
+    @property
+    def partial_bytes(self) -> int:
+        """Bytes of a request still arriving."""
+        return self._decoder.buffered
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -58,53 +170,45 @@ class KafkaConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self._connections.add(self)
+        ip = str(peer[0]) if peer else "?"
+        refused = self._limits.quotas.admit(ip)
+        if refused is not None:
+            log.warning("closing new connection: %s", refused, extra={"peer": self.peer})
+            self._transport.abort()
+            self._transport = None
+            return
+        self._ip = ip
+        self._limits.connections.add(self)
         self._task = asyncio.get_running_loop().create_task(self._process())
 
     def data_received(self, data: bytes) -> None:
+        if self._transport is None:
+            return
         self.last_active = time.monotonic()
-        # Each frame is copied once, from the received chunks into a buffer of its own size:
-        # a 1 MiB produce request is not re-assembled through a growing stream buffer.
-        view = memoryview(data)
-        queued = False
-        while view:
-            frame = self._frame
-            if frame is None:
-                head = self._head
-                taken = 4 - len(head)
-                head += view[:taken]
-                view = view[taken:]
-                if len(head) < 4:
-                    break
-                (size,) = SIZE.unpack(head)
-                head.clear()
-                if size < 0 or size > self._max_request_size:
-                    log.warning(
-                        "closing connection: request size out of bounds",
-                        extra={"peer": self.peer, "size": size, "max": self._max_request_size},
-                    )
-                    self.close()
-                    return
-                frame = self._frame = bytearray(size)
-                self._filled = 0
-            taken = min(len(view), len(frame) - self._filled)
-            frame[self._filled : self._filled + taken] = view[:taken]
-            self._filled += taken
-            view = view[taken:]
-            if self._filled == len(frame):
-                self._queue.append(memoryview(frame).toreadonly())  # kio decodes read-only buffers only
-                self._frame = None
-                queued = True
-        if queued:
+        self._held += len(data)
+        self._memory.acquire(len(data))
+        try:
+            frames = self._decoder.feed(data)
+        except FrameSizeError as exc:
+            log.warning(
+                "closing connection: request size out of bounds",
+                extra={"peer": self.peer, "size": exc.size, "max": self._limits.max_request_size},
+            )
+            self.close()
+            return
+        if frames:
+            completed = sum(len(frame) + 4 for frame in frames)
+            self._answerable += completed
+            self._memory.answerable += completed
+            self._queue.extend(frames)
             self._wakeup.set()
-            if len(self._queue) >= MAX_QUEUED_REQUESTS and self._transport is not None:
-                self._transport.pause_reading()
-                self._reading_paused = True
+            self._memory.frame_completed(self)
+        self.update_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._connections.discard(self)
         self._transport = None
         self._can_write.set()
+        self._release_all()
         if self._task is not None:
             self._task.cancel()
 
@@ -113,6 +217,22 @@ class KafkaConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._can_write.set()
+
+    def update_reading(self) -> None:
+        """Read while the queue has room and request memory is available."""
+        transport = self._transport
+        if transport is None:
+            return
+        queue_full = len(self._queue) >= self._limits.queued_max_requests
+        reading = not queue_full and self._memory.may_read(self)
+        if reading != self._reading:
+            self._reading = reading
+            if reading:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
+        if not reading and not queue_full:
+            self._memory.ensure_progress(self._limits.connections)
 
     # -- request processing -------------------------------------------------------------------
 
@@ -123,18 +243,15 @@ class KafkaConnection(asyncio.Protocol):
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                frame = self._queue.popleft()
-                if self._reading_paused and len(self._queue) < MAX_QUEUED_REQUESTS // 2:
-                    self._reading_paused = False
-                    if self._transport is not None:
-                        self._transport.resume_reading()
-                self._in_flight = True
+                frame = self._in_flight = self._queue.popleft()
                 response = await self._handle(self, frame)
                 if response is not None and self._transport is not None:
                     self._transport.write(response)
                     await self._can_write.wait()
-                self._in_flight = False
+                self._in_flight = None
+                self._release(len(frame) + 4, len(frame) + 4)
                 self.last_active = time.monotonic()
+                self.update_reading()
         except CloseConnection as exc:
             log.info("closing connection", extra={"peer": self.peer, "reason": str(exc)})
             self.close()
@@ -144,13 +261,30 @@ class KafkaConnection(asyncio.Protocol):
             log.exception("closing connection after an unexpected error", extra={"peer": self.peer})
             self.close()
 
+    def _release(self, nbytes: int, answerable: int) -> None:
+        nbytes = min(nbytes, self._held)
+        answerable = min(answerable, self._answerable)
+        self._held -= nbytes
+        self._answerable -= answerable
+        self._memory.release(nbytes, answerable)
+        if self._memory.exhausted:  # still: perhaps nothing but partial requests hold it now
+            self._memory.ensure_progress(self._limits.connections)
+
+    def _release_all(self) -> None:
+        self._queue.clear()
+        self._memory.forget(self)
+        if self._ip is not None:
+            self._limits.connections.discard(self)
+            self._limits.quotas.release(self._ip)
+            self._ip = None
+        self._release(self._held, self._answerable)
+
     def idle_since(self, now: float) -> float:
         """Seconds without traffic; 0 while a request is being served (a long-poll fetch is not idle)."""
-        return 0.0 if self._in_flight or self._queue else now - self.last_active
+        return 0.0 if self._in_flight is not None or self._queue else now - self.last_active
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
-        self._queue.clear()
-        self._frame = None
+        self._release_all()

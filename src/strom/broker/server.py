@@ -17,7 +17,7 @@ from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordin
 from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, GroupMetadataManager
 from strom.broker.dispatcher import RequestDispatcher
 from strom.broker.handlers import HANDLERS
-from strom.broker.network import KafkaConnection
+from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 from strom.broker.replica_manager import ReplicaManager
 from strom.storage import LogConfig, LogManager
 
@@ -66,7 +66,15 @@ class BrokerServer:
         )
         self._dispatcher = RequestDispatcher(self, HANDLERS)
         self._servers: list[asyncio.Server] = []
-        self._connections: set[KafkaConnection] = set()
+        self.network = NetworkLimits(
+            max_request_size=config.socket_request_max_bytes,
+            queued_max_requests=config.queued_max_requests,
+            memory=RequestMemory(config.queued_max_request_bytes),
+            quotas=ConnectionQuotas(
+                config.max_connections, config.max_connections_per_ip, config.max_connections_per_ip_overrides
+            ),
+        )
+        self._connections = self.network.connections
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_ports: list[int] = []
 
@@ -97,10 +105,9 @@ class BrokerServer:
                 log.warning("deleting the log of an unknown topic", extra={"log": str(orphan.dir)})
                 self.log_manager.delete_log(orphan.topic, orphan.partition)
         self.group_coordinator.startup()
-        max_request = self.config.socket_request_max_bytes
         for listener in self.config.client_listeners():
             server = await loop.create_server(
-                lambda: KafkaConnection(self._dispatcher.handle, max_request, self._connections),
+                lambda: KafkaConnection(self._dispatcher.handle, self.network),
                 host=listener.host or None,
                 port=listener.port,
                 reuse_address=True,

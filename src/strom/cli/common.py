@@ -1,11 +1,15 @@
-"""What the ``strom`` client commands share: connection options, client configs, argument
-parsers for timestamps, durations and partitions, and plain-text tables."""
+"""What the ``strom`` client commands share: connection options, client profiles and configs, the
+check that the cluster answers, argument parsers for timestamps, durations and partitions (and the
+``--topic``/``--group`` spellings of positional arguments), and plain-text tables."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
+import os
 import re
+import socket
 import sys
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,8 +17,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, NoReturn
 
+from strom import __version__
 from strom.client.admin import AdminClient
 from strom.client.config import ADMIN, ConfigKey
+from strom.network.connection import BrokerConnection, KafkaConnectionError
+from strom.network.pool import Node, parse_bootstrap
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 # A command-line tool should give up within seconds, not after the Java client's minute,
@@ -33,10 +40,87 @@ class CliError(Exception):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage dump): ``strom topics create: error: ...``."""
+    """argparse with a one-line error (no usage dump): ``strom topics create: error: ...``.
+
+    After parsing, ``args.command_prog`` names the subcommand that runs (``strom groups delete``),
+    so that its failures carry the same prefix as its argument errors."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Positional arguments that an option may give instead: (dest, how the error names it).
+        self.required_either: list[tuple[str, str]] = []
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        hint = "" if "--help" in message else " (see --help)"
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for dest, names in self.required_either:
+            if getattr(parsed, dest, None) in (None, []):
+                self.error(f"the following arguments are required: {names}")
+        # A subcommand's parser finishes before its parents: the innermost one names the command.
+        if getattr(parsed, "command_prog", None) is None:
+            parsed.command_prog = self.prog
+        return parsed, extras
+
+
+class _EitherSpelling(argparse.Action):
+    """A value that may be given as a positional argument or as an option (``orders`` or
+    ``--topic orders``, as Kafka's tools spell it): both store into one dest. For a list both
+    add to it; for a single value giving two different ones is an error."""
+
+    def __init__(self, *args: Any, many: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.many = many
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if values is None or values == []:
+            return  # the positional was left out; the option may have given the value
+        current = getattr(namespace, self.dest, None)
+        if self.many:
+            added = values if isinstance(values, list) else [values]
+            setattr(namespace, self.dest, [*(current or []), *added])
+            return
+        if current is not None and current != values:
+            parser.error(f"two different values for {self.metavar}: {current!r} and {values!r}")
+        setattr(namespace, self.dest, values)
+
+
+def add_either(
+    parser: ArgumentParser,
+    name: str,
+    *,
+    help: str,
+    many: bool = False,
+    required: bool = True,
+) -> None:
+    """A positional ``name`` (``many``: one or more, stored as ``names``) that ``--name`` may give
+    instead, as Kafka's tools take ``--topic`` and ``--group``."""
+    dest = f"{name}s" if many else name
+    metavar = name.upper()
+    option = f"--{name}"
+    parser.add_argument(
+        dest, nargs="*" if many else "?", action=_EitherSpelling, many=many, metavar=metavar, help=help
+    )
+    parser.add_argument(
+        option,
+        dest=dest,
+        action=_EitherSpelling,
+        many=many,
+        metavar=metavar,
+        help=f"the same as {metavar}{' (repeatable)' if many else ''}",
+    )
+    if required:
+        parser.required_either.append((dest, f"{metavar} (or {option})"))
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -107,14 +191,25 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
+PROFILE_HELP = (
+    "Without --bootstrap-server the brokers come from bootstrap.servers in --property or "
+    "--command-config, else $STROM_BOOTSTRAP_SERVERS, else the client profile, else "
+    f"{DEFAULT_BOOTSTRAP}. A profile is a properties file of client configs (Kafka's Java client "
+    "names, e.g. bootstrap.servers=broker1:9092,broker2:9092 and client.id=me) at "
+    "~/.config/strom/NAME.properties ($XDG_CONFIG_HOME/strom if set): --profile NAME or "
+    "$STROM_PROFILE picks one; default.properties is used when it exists. A profile's keys that a "
+    "command's client does not know are ignored."
+)
+
+
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("connection")
+    group = parser.add_argument_group("connection", PROFILE_HELP)
     group.add_argument(
         "--bootstrap-server",
-        default=DEFAULT_BOOTSTRAP,
         metavar="HOST:PORT[,...]",
-        help=f"broker(s) to connect to first (default {DEFAULT_BOOTSTRAP})",
+        help=f"broker(s) to connect to first (default: see above, finally {DEFAULT_BOOTSTRAP})",
     )
+    group.add_argument("--profile", metavar="NAME", help="the client profile to use (see above)")
     group.add_argument(
         "--command-config",
         type=Path,
@@ -130,6 +225,22 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         help="a client config, overriding --command-config (repeatable); "
         "timeouts default to 15 s (default.api.timeout.ms, max.block.ms)",
     )
+
+
+def profile_dir() -> Path:
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "strom"
+
+
+def read_profile(name: str | None) -> dict[str, str]:
+    """The named profile's configs (a missing one is an error), else default.properties if it exists."""
+    name = name or os.environ.get("STROM_PROFILE") or None
+    path = profile_dir() / f"{name or 'default'}.properties"
+    if name is None and not path.is_file():
+        return {}
+    if not path.is_file():
+        raise CliError(f"no client profile '{name}': {path} does not exist", exit_code=2)
+    return read_properties(path)
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -157,20 +268,112 @@ def client_config(
     *,
     kind: str = "client",
 ) -> dict[str, str]:
-    """The configs for one client: command defaults, then --command-config, then --property,
-    then --bootstrap-server. A key this client does not know is an error, as in Kafka's tools."""
-    given: dict[str, str] = {}
-    if args.command_config is not None:
-        given.update(read_properties(args.command_config))
-    given.update(dict(args.property))
+    """The configs for one client: command defaults, then the profile, then --command-config, then
+    --property; bootstrap.servers as bootstrap_servers() finds it. A key this client does not know
+    is an error in --command-config and --property, as in Kafka's tools; a profile serves every
+    command, so there such keys are ignored."""
     known = {key.name for key in definitions}
+    profile = read_profile(getattr(args, "profile", None))
+    given = _given(args)
     unknown = sorted(set(given) - known)
     if unknown:
         raise CliError(f"{', '.join(unknown)}: not a config of this command's {kind}", exit_code=2)
     config = {k: v for k, v in {**CLI_TIMEOUTS, **(defaults or {})}.items() if k in known}
+    config.update({k: v for k, v in profile.items() if k in known})
     config.update(given)
-    config["bootstrap.servers"] = args.bootstrap_server
+    config["bootstrap.servers"] = _bootstrap(args, given, profile)
     return config
+
+
+def _given(args: argparse.Namespace) -> dict[str, str]:
+    given: dict[str, str] = {}
+    if args.command_config is not None:
+        given.update(read_properties(args.command_config))
+    given.update(dict(args.property))
+    return given
+
+
+def _bootstrap(args: argparse.Namespace, given: Mapping[str, str], profile: Mapping[str, str]) -> str:
+    for candidate in (
+        args.bootstrap_server,
+        given.get("bootstrap.servers"),
+        os.environ.get("STROM_BOOTSTRAP_SERVERS"),
+        profile.get("bootstrap.servers"),
+    ):
+        if candidate and candidate.strip():
+            return candidate.strip()
+    return DEFAULT_BOOTSTRAP
+
+
+def bootstrap_servers(args: argparse.Namespace) -> str:
+    """The brokers a command connects to first: --bootstrap-server, else bootstrap.servers from
+    --property/--command-config, else $STROM_BOOTSTRAP_SERVERS, else the profile's, else the default."""
+    return _bootstrap(args, _given(args), read_profile(getattr(args, "profile", None)))
+
+
+# -- is anyone there? ------------------------------------------------------------------------
+
+# Long enough for a loaded broker to answer ApiVersions, short enough that a typo in an address
+# is reported within a few seconds, by every command alike.
+PROBE_TIMEOUT = 3.0
+
+
+def check_cluster(bootstrap: str, timeout: float = PROBE_TIMEOUT) -> None:
+    """Raise CliError unless some bootstrap broker accepts a connection and answers ApiVersions
+    within ``timeout``. Without this, each client would discover it its own way: the producer
+    only after max.block.ms, blaming metadata."""
+    try:
+        nodes = parse_bootstrap(bootstrap)
+    except ValueError as exc:
+        raise CliError(str(exc), exit_code=2) from exc
+    failures = asyncio.run(_probe(nodes, timeout))
+    if failures is not None:
+        reasons = (
+            failures[nodes[0]]
+            if len(nodes) == 1
+            else "; ".join(f"{node.address}: {failures[node]}" for node in nodes)
+        )
+        raise CliError(
+            f"cannot reach the cluster at {bootstrap} ({reasons}): is a broker running there? "
+            "(the address comes from --bootstrap-server, $STROM_BOOTSTRAP_SERVERS or a profile: see --help)"
+        )
+
+
+async def _probe(nodes: list[Node], timeout: float) -> dict[Node, str] | None:
+    """None once any node answers; else why each failed."""
+
+    async def attempt(node: Node) -> None:
+        connection = await BrokerConnection.open(
+            node.host, node.port, client_id="strom-cli", timeout=timeout, software_version=__version__
+        )
+        connection.close()
+
+    pending = {asyncio.ensure_future(attempt(node)): node for node in nodes}
+    failures: dict[Node, str] = {}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                node = pending.pop(task)
+                error = task.exception()
+                if error is None:
+                    return None
+                failures[node] = _reason(error)
+    finally:
+        for task in pending:
+            task.cancel()
+    return failures
+
+
+def _reason(error: BaseException) -> str:
+    cause = error.__cause__ if isinstance(error, KafkaConnectionError) else error
+    if isinstance(cause, TimeoutError):
+        return "no answer in time"
+    if isinstance(cause, socket.gaierror):
+        return f"cannot resolve the host name: {cause.strerror}"
+    if isinstance(cause, OSError) and cause.errno:
+        return os.strerror(cause.errno).lower()
+    return f"not a Kafka broker? {cause or error}"
 
 
 # -- time ------------------------------------------------------------------------------------

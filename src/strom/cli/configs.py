@@ -43,7 +43,9 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         description="Print a topic's or broker's dynamic configs (those set with `strom configs alter` "
         "or at creation), or with --all every config, each with where its value comes from. "
         "Without --entity-name, every topic (or broker) is described.\n\n"
-        "example: strom configs describe --entity-type topics --entity-name orders --all",
+        "examples:\n"
+        "  strom configs describe --entity-type topics --entity-name orders --all\n"
+        "  strom configs describe --topic orders",
     )
     _entity_options(describe, name_required=False)
     describe.add_argument("--all", action="store_true", help="also the configs at their default values")
@@ -56,8 +58,10 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         help="set or remove configs",
         description="Set and remove configs in one incremental change. A list value is written in "
         "brackets: --add-config cleanup.policy=[compact,delete].\n\n"
-        "example: strom configs alter --entity-type topics --entity-name orders "
-        "--add-config retention.ms=3600000,max.message.bytes=2097152 --delete-config segment.ms",
+        "examples:\n"
+        "  strom configs alter --entity-type topics --entity-name orders "
+        "--add-config retention.ms=3600000,max.message.bytes=2097152 --delete-config segment.ms\n"
+        "  strom configs alter --broker 0 --add-config log.retention.ms=86400000",
     )
     _entity_options(alter, name_required=True)
     alter.add_argument(
@@ -79,19 +83,38 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
 
 
 def _entity_options(parser: argparse.ArgumentParser, *, name_required: bool) -> None:
+    parser.set_defaults(name_required=name_required)
     parser.add_argument(
         "--entity-type",
-        required=True,
         choices=sorted(_ENTITY_TYPES),
         metavar="{topics,brokers}",
         help="what the configs belong to",
     )
     parser.add_argument(
         "--entity-name",
-        required=name_required,
         metavar="NAME",
-        help="the topic's name or the broker's id",
+        help="the topic's name or the broker's id" + ("" if name_required else " (default: all)"),
     )
+    # kafka-configs' shorthands for --entity-type topics/brokers --entity-name NAME.
+    parser.add_argument("--topic", metavar="NAME", help="the same as --entity-type topics --entity-name NAME")
+    parser.add_argument("--broker", metavar="ID", help="the same as --entity-type brokers --entity-name ID")
+
+
+def _entity(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The entity's kind and name from --entity-type/--entity-name or --topic/--broker."""
+    if args.topic is not None or args.broker is not None:
+        if (
+            args.entity_type is not None
+            or args.entity_name is not None
+            or None not in (args.topic, args.broker)
+        ):
+            raise CliError("give one of --topic, --broker or --entity-type with --entity-name", exit_code=2)
+        return ("topic", args.topic) if args.topic is not None else ("broker", args.broker)
+    if args.entity_type is None:
+        raise CliError("give --entity-type (topics or brokers), or --topic or --broker", exit_code=2)
+    if args.name_required and args.entity_name is None:
+        raise CliError("give --entity-name", exit_code=2)
+    return _ENTITY_TYPES[args.entity_type], args.entity_name
 
 
 def parse_add_config(text: str) -> dict[str, str]:
@@ -122,10 +145,10 @@ def parse_add_config(text: str) -> dict[str, str]:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    kind = _ENTITY_TYPES[args.entity_type]
+    kind, name = _entity(args)
     with admin_client(args) as admin:
-        if args.entity_name is not None:
-            names = [args.entity_name]
+        if name is not None:
+            names = [name]
         elif kind == "topic":
             names = admin.list_topics()
         else:
@@ -145,7 +168,8 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _alter(args: argparse.Namespace) -> int:
-    kind = _ENTITY_TYPES[args.entity_type]
+    kind, name = _entity(args)
+    assert name is not None  # _entity requires it for alter
     ops: list[AlterConfigOp] = []
     for text in args.add_config:
         ops += [AlterConfigOp(k, v, AlterConfigOpType.SET) for k, v in parse_add_config(text).items()]
@@ -155,8 +179,8 @@ def _alter(args: argparse.Namespace) -> int:
         ]
     if not ops:
         raise CliError("nothing to change: give --add-config and/or --delete-config", exit_code=2)
-    resource = ConfigResource(kind, args.entity_name)
+    resource = ConfigResource(kind, name)
     with admin_client(args) as admin:
         admin.incremental_alter_configs({resource: ops})
-    print(f"Completed updating config for {kind} {args.entity_name}.")
+    print(f"Completed updating config for {kind} {name}.")
     return 0

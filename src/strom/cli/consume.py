@@ -16,6 +16,7 @@ from strom.cli.common import (
     CliError,
     Subparsers,
     add_connection_options,
+    add_either,
     add_parser,
     client_config,
     non_negative_int,
@@ -72,7 +73,7 @@ def compile_format(text: str) -> list[Piece]:
             elif field in _FIELDS:
                 pieces.append(_FIELDS[field])
             else:
-                raise argparse.ArgumentTypeError(f"unknown format token %{field} (see --help)")
+                raise argparse.ArgumentTypeError(f"unknown format token %{field}")
         elif escape in _ESCAPES:
             pieces.append(_ESCAPES[escape])
         else:
@@ -127,9 +128,10 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "  strom consume orders --from-beginning --max-messages 10\n"
         "  strom consume orders --partition 0 --offset 42 --format '%o %k=%s\\n'\n"
         "  strom consume orders --timestamp 2024-05-01T12:00:00Z --json --timeout-ms 2000\n"
-        "  strom consume orders --group audit --from-beginning",
+        "  strom consume orders --group audit --from-beginning\n"
+        "  strom consume --topic orders --from-beginning -e",
     )
-    parser.add_argument("topic", help="the topic")
+    add_either(parser, "topic", help="the topic")
     start = parser.add_mutually_exclusive_group()
     start.add_argument(
         "--from-beginning",
@@ -157,6 +159,13 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
     )
     parser.add_argument("--group", metavar="ID", help="consume as a member of this consumer group")
     parser.add_argument("--max-messages", type=positive_int, metavar="N", help="stop after N records")
+    parser.add_argument(
+        "-e",
+        "--exit-at-end",
+        action="store_true",
+        help="stop once every partition has been read to the end offset it had when the consumer got it "
+        "(as kcat -e)",
+    )
     parser.add_argument(
         "--timeout-ms",
         type=positive_int,
@@ -230,6 +239,24 @@ def _position(consumer: Consumer, args: argparse.Namespace, partitions: list[Top
         consumer.seek_to_end(partitions)
 
 
+class _EndWatch:
+    """Whether the consumer has read each partition it holds up to the end offset that partition
+    had when the consumer first held it (a group member gets its partitions when it joins)."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.ends: dict[TopicPartition, int] = {}
+
+    def reached(self) -> bool:
+        assignment = self.consumer.assignment()
+        if not assignment:
+            return False  # a group member that has not joined yet
+        new = [tp for tp in assignment if tp not in self.ends]
+        if new:
+            self.ends.update(self.consumer.end_offsets(new))
+        return all(self.consumer.position(tp) >= self.ends[tp] for tp in assignment)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.group is not None and (args.partition or args.offset is not None or args.timestamp is not None):
         raise CliError(
@@ -250,8 +277,11 @@ def _run(args: argparse.Namespace) -> int:
         count = 0
         idle_limit = args.timeout_ms / 1000 if args.timeout_ms else None
         last_record = time.monotonic()
+        at_end = _EndWatch(consumer) if args.exit_at_end else None
         try:
             while args.max_messages is None or count < args.max_messages:
+                if at_end is not None and at_end.reached():
+                    break
                 wait = (
                     0.5
                     if idle_limit is None

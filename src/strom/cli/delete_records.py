@@ -12,6 +12,7 @@ from strom.cli.common import (
     CliError,
     Subparsers,
     add_connection_options,
+    add_either,
     add_parser,
     admin_client,
     non_negative_int,
@@ -35,7 +36,7 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "examples:\n  strom delete-records orders --partition 0 --offset 100\n"
         "  strom delete-records --offset-json plan.json",
     )
-    parser.add_argument("topic", nargs="?", help="the topic (with --offset)")
+    add_either(parser, "topic", required=False, help="the topic (with --offset)")
     parser.add_argument(
         "--partition",
         action="append",

@@ -4,8 +4,8 @@ Reads ``.log`` segments (every batch header; with ``--deep-iteration`` or ``--pr
 every record), ``.index`` and ``.timeindex`` files (their entries, each checked against the
 segment's batches) and producer-state ``.snapshot`` files. Files are opened read-only and read
 with plain reads, never through storage classes that create or resize files, so a running
-broker's directory can be dumped safely (the active segment's indexes then end in unused,
-zero-filled slots, which are skipped as Kafka's tool skips them).
+broker's directory can be dumped safely (the active segment's indexes may then end in unused,
+zero-filled slots, which are not entries: see ``_index_entries``).
 """
 
 from __future__ import annotations
@@ -254,15 +254,20 @@ def _log_batches(index_path: Path, suffix: str) -> tuple[list[_Batch], int] | No
 
 
 def _index_entries(data: bytes, entry: struct.Struct) -> tuple[list[tuple[int, int]], int]:
-    """The entries in use and how many zero-filled slots follow them.
+    """The entries in use and how many unused slots follow them.
 
-    An active segment's index is preallocated and only trimmed when the segment rolls or the log
-    closes; the first all-zero slot after the first entry marks the end of the entries in use.
+    An active segment's index may be preallocated, zero-filled, and trimmed only when the segment
+    rolls or the log closes. As Kafka's DumpLogSegments reads it, a slot whose relative offset is 0
+    after the first slot ends the entries (offsets only grow). The first slot is unused when it is
+    all zero: an offset entry is never written for position 0 (the first batch is never indexed,
+    entries follow index.interval.bytes of batches), and a time entry of timestamp 0 at the base
+    offset is as good as none.
     """
     usable = len(data) // entry.size
     entries: list[tuple[int, int]] = []
     for n, (first, second) in enumerate(entry.iter_unpack(data[: usable * entry.size])):
-        if n > 0 and first == 0 and second == 0:
+        relative = second if entry is _TIME_ENTRY else first
+        if (n > 0 and relative == 0) or (first == 0 and second == 0):
             return entries, usable - n
         entries.append((first, second))
     return entries, 0
@@ -539,11 +544,12 @@ def _kind(path: Path) -> str:
 
 
 def _expand(paths: list[Path], errors: TextIO) -> Iterator[Path]:
-    """The files to dump: each file given, and the dumpable files of each directory given, in name order."""
+    """The files to dump: each file given, and the dumpable files of each directory given, in name
+    order. A path that does not exist is yielded too, for dump() to report."""
     for path in paths:
         if path.is_dir():
             yield from sorted(p for p in path.iterdir() if _kind(p))
-        elif _kind(path):
+        elif _kind(path) or not path.exists():
             yield path
         else:
             print(
@@ -560,7 +566,8 @@ def dump(paths: list[Path], opts: Options, out: TextIO, errors: TextIO, as_json:
     for path in _expand(paths, errors):
         kind = _kind(path)
         if not path.is_file():
-            print(f"strom dump-log: cannot read {path}: no such file", file=errors)
+            reason = "not a file" if path.exists() else "no such file or directory"
+            print(f"strom dump-log: error: cannot read {path}: {reason}", file=errors)
             unreadable += 1
             continue
         try:
@@ -575,10 +582,10 @@ def dump(paths: list[Path], opts: Options, out: TextIO, errors: TextIO, as_json:
         except BrokenPipeError:
             raise
         except OSError as exc:
-            print(f"strom dump-log: cannot read {path}: {exc.strerror}", file=errors)
+            print(f"strom dump-log: error: cannot read {path}: {exc.strerror}", file=errors)
             unreadable += 1
         except ValueError as exc:
-            print(f"strom dump-log: {exc}", file=errors)
+            print(f"strom dump-log: error: {exc}", file=errors)
             unreadable += 1
     return report.problems + unreadable
 
@@ -598,7 +605,7 @@ def _run(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     if problems:
-        print(f"strom dump-log: {problems} problem(s) found", file=sys.stderr)
+        print(f"strom dump-log: error: {problems} problem(s) found", file=sys.stderr)
         return 1
     return 0
 
@@ -612,8 +619,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "every batch (offsets, position, size, CRC check, codec, timestamps, producer id/epoch/sequence, "
             "transactional and control flags with the marker type); for .index and .timeindex files their "
             "entries, each checked against the segment's .log; for .snapshot files the producer state. "
-            "Files are only read. Exits with 1 if a file cannot be read or shows a problem (bytes that are "
-            "not whole batches, a CRC mismatch, an index entry that does not match the log)."
+            "Files are only read, so a running broker's directory can be dumped: the unused, zero-filled "
+            "slots at the end of an open segment's indexes are not entries. Exits with 1 if a path does not "
+            "exist, a file cannot be read or a file shows a problem (bytes that are not whole batches, a CRC "
+            "mismatch, an index entry that does not match the log)."
         ),
     )
     parser.add_argument(

@@ -17,6 +17,7 @@ from strom.cli.common import (
     Subparsers,
     add_commands,
     add_connection_options,
+    add_either,
     add_parser,
     admin_client,
     parse_datetime,
@@ -62,9 +63,13 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         description="Print a group's state, coordinator and assignor; then for each partition it has "
         "an offset for or is assigned, the committed offset (CURRENT-OFFSET), the log end offset "
         "and the LAG between them with the member that owns it; then the members with their "
-        "client id, host and assigned partitions.",
+        "client id, host and assigned partitions. --all-groups does so for every group.\n\n"
+        "examples:\n"
+        "  strom groups describe billing\n"
+        "  strom groups describe --all-groups --offsets",
     )
-    describe.add_argument("group", help="the group id")
+    add_either(describe, "group", required=False, help="the group id")
+    describe.add_argument("--all-groups", action="store_true", help="describe every group")
     only = describe.add_mutually_exclusive_group()
     only.add_argument("--state", action="store_true", help="only the state line")
     only.add_argument("--offsets", action="store_true", help="only the per-partition table")
@@ -78,7 +83,7 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         help="delete groups and their committed offsets",
         description="Delete groups that have no active members, with their committed offsets.",
     )
-    delete.add_argument("groups", nargs="+", metavar="GROUP")
+    add_either(delete, "group", many=True, help="the groups to delete")
     add_connection_options(delete)
     delete.set_defaults(func=_delete)
 
@@ -92,7 +97,7 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "partitions given. Refused for topics the group's active members are subscribed to.\n\n"
         "example: strom groups delete-offsets billing --topic orders:0,1",
     )
-    delete_offsets.add_argument("group", help="the group id")
+    add_either(delete_offsets, "group", help="the group id")
     delete_offsets.add_argument(
         "--topic",
         action="append",
@@ -120,7 +125,7 @@ def _register_reset(commands: Subparsers[ArgumentParser]) -> None:
         "  strom groups reset-offsets billing --topic orders:0 --shift-by -10 --export > plan.csv\n"
         "  strom groups reset-offsets billing --from-file plan.csv --execute",
     )
-    reset.add_argument("group", help="the group id")
+    add_either(reset, "group", help="the group id")
     scope = reset.add_mutually_exclusive_group()
     scope.add_argument(
         "--topic",
@@ -186,15 +191,32 @@ def describe_group(admin: AdminClient, group_id: str) -> GroupDescription | None
 
 
 def _describe(args: argparse.Namespace) -> int:
-    group_id = args.group
+    if (args.group is None) == (not args.all_groups):
+        raise CliError("give a GROUP (or --group) or --all-groups, not both", exit_code=2)
     with admin_client(args) as admin:
-        group = describe_group(admin, group_id)
-        committed = admin.list_consumer_group_offsets(group_id)
-        if group is None or (group.state == "Dead" and not committed):
+        if not args.all_groups:
+            _describe_one(admin, args.group, args, must_exist=True)
+            return 0
+        group_ids = sorted(g.group_id for g in admin.list_consumer_groups())
+        shown = 0
+        for group_id in group_ids:
+            if shown:
+                print()
+            shown += _describe_one(admin, group_id, args, must_exist=False)
+    return 0
+
+
+def _describe_one(admin: AdminClient, group_id: str, args: argparse.Namespace, *, must_exist: bool) -> bool:
+    """Print one group; False (nothing printed) for a group that is gone, unless it ``must_exist``."""
+    group = describe_group(admin, group_id)
+    committed = admin.list_consumer_group_offsets(group_id)
+    if group is None or (group.state == "Dead" and not committed):
+        if must_exist:
             raise CliError(f"consumer group '{group_id}' does not exist")
-        owners = {tp: m for m in group.members for tp in m.assignment}
-        partitions = sorted(set(committed) | set(owners), key=lambda tp: (tp.topic, tp.partition))
-        log_ends = _log_end_offsets(admin, partitions) if not (args.state or args.members) else {}
+        return False
+    owners = {tp: m for m in group.members for tp in m.assignment}
+    partitions = sorted(set(committed) | set(owners), key=lambda tp: (tp.topic, tp.partition))
+    log_ends = _log_end_offsets(admin, partitions) if not (args.state or args.members) else {}
     show_all = not (args.state or args.offsets or args.members)
     if args.state or show_all:
         coordinator = f"{group.coordinator.address} ({group.coordinator.node_id})"
@@ -258,7 +280,7 @@ def _describe(args: argparse.Namespace) -> int:
                 for m in sorted(group.members, key=lambda m: m.member_id)
             ],
         )
-    return 0
+    return True
 
 
 def _log_end_offsets(admin: AdminClient, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -362,6 +384,12 @@ def _reset(args: argparse.Namespace) -> int:
         print_table(
             ("GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"),
             [(group_id, tp.topic, tp.partition, o) for tp, o in ordered],
+        )
+    if not args.execute:
+        # On stderr, so that an --export plan stays a clean CSV.
+        print(
+            f"Dry run: the offsets of group '{group_id}' were not changed; add --execute to commit them.",
+            file=sys.stderr,
         )
     return 0
 

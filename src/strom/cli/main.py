@@ -14,7 +14,9 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from strom import __version__
 from strom.cli import (
+    cluster,
     configs,
     consume,
     delete_records,
@@ -27,7 +29,8 @@ from strom.cli import (
     produce,
     topics,
 )
-from strom.cli.common import ArgumentParser, CliError, key_value
+from strom.cli.common import ArgumentParser, CliError, bootstrap_servers, check_cluster, key_value
+from strom.cli.error_text import explain
 from strom.client.errors import KafkaException
 
 if TYPE_CHECKING:
@@ -35,11 +38,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("strom")
 
-COMMANDS = (topics, produce, consume, groups, configs, offsets, delete_records, perf, dump_log, pipeline)
+COMMANDS = (
+    topics,
+    produce,
+    consume,
+    groups,
+    configs,
+    offsets,
+    delete_records,
+    cluster,
+    perf,
+    dump_log,
+    pipeline,
+)
+# Commands that take connection options yet work without a cluster: `pipeline status` reports an
+# unreachable cluster in its table, beside the checkpoints it can still read.
+_WITHOUT_CLUSTER_CHECK = frozenset({"pipeline"})
 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="strom", description="Strom: Kafka's design, in Python.")
+    parser.add_argument("--version", action="version", version=f"strom {__version__}")
     parser.add_argument(
         "--log-level",
         type=str.upper,
@@ -111,20 +130,25 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fail(message: str) -> None:
-    print(f"strom: error: {message}", file=sys.stderr)
-
-
 def run_command(args: argparse.Namespace) -> int:
-    """Run a command other than serve; any failure becomes one line on stderr and a non-zero exit."""
+    """Run a command other than serve; any failure becomes one line on stderr,
+    ``strom <command>: error: ...``, and a non-zero exit."""
+    prog = getattr(args, "command_prog", None) or f"strom {args.command}"
+
+    def fail(message: str) -> None:
+        print(f"{prog}: error: {message}", file=sys.stderr)
+
     try:
+        if hasattr(args, "bootstrap_server") and args.command not in _WITHOUT_CLUSTER_CHECK:
+            # Every client command says the same, within seconds, when nobody answers.
+            check_cluster(bootstrap_servers(args))
         status: int = args.func(args)
         return status
     except CliError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return exc.exit_code
     except KafkaException as exc:
-        _fail(str(exc))
+        fail(explain(exc))
         return 1
     except KeyboardInterrupt:
         return 130
@@ -135,12 +159,12 @@ def run_command(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as exc:
-        _fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+        fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
         return 1
     except Exception as exc:
         if logging.getLogger().isEnabledFor(logging.DEBUG):
             traceback.print_exc()
-        _fail(f"unexpected {type(exc).__name__}: {exc} (--log-level DEBUG shows where)")
+        fail(f"unexpected {type(exc).__name__}: {exc} (--log-level DEBUG shows where)")
         return 1
 
 
@@ -149,7 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level or ("INFO" if args.command == "serve" else "WARNING"))
     if args.command == "serve":
         return serve(args)
-    return run_command(args)
+    # SIGTERM ends a client command as Ctrl-C does: a group consumer commits what it printed and
+    # leaves its group at once, instead of lingering as a member until its session times out.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return run_command(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

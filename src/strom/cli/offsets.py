@@ -9,6 +9,7 @@ from strom.cli.common import (
     CliError,
     Subparsers,
     add_connection_options,
+    add_either,
     add_parser,
     admin_client,
     format_timestamp,
@@ -46,7 +47,7 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "(-1 if there is none), as kafka-get-offsets does.\n\n"
         "examples:\n  strom offsets orders\n  strom offsets orders --partition 0 --time 2024-05-01T12:00:00Z",
     )
-    parser.add_argument("topic", help="the topic")
+    add_either(parser, "topic", help="the topic")
     parser.add_argument(
         "--partition",
         action="append",

@@ -32,6 +32,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
 
 from strom.cli.common import CliError, add_connection_options, client_config, key_value
+from strom.cli.error_text import explain
 from strom.client.config import CONSUMER, PRODUCER
 from strom.client.errors import ConfigException, KafkaException
 
@@ -48,7 +49,7 @@ PERCENTILES = (50.0, 95.0, 99.0, 99.9)
 
 
 def _fail(message: str, status: int = 1) -> int:
-    print(f"strom perf: {message}", file=sys.stderr)
+    print(f"strom perf: error: {message}", file=sys.stderr)
     return status
 
 
@@ -230,7 +231,7 @@ def run_produce(args: argparse.Namespace) -> int:
             with progress if args.progress else contextlib.nullcontext():
                 seconds = _send_all(producer, args, value, stats, sample_every)
     except KafkaException as exc:
-        return _fail(str(exc))
+        return _fail(explain(exc))
     result = produce_result(stats, seconds)
     if args.json:
         print(json.dumps(asdict(result)))
@@ -342,7 +343,7 @@ def run_consume(args: argparse.Namespace) -> int:
             with progress if args.progress else contextlib.nullcontext():
                 last_record, timed_out = _poll_until(consumer, args, counts, started)
     except KafkaException as exc:
-        return _fail(str(exc))
+        return _fail(explain(exc))
     joined = assigned_at[0] if assigned_at else last_record
     seconds = last_record - started
     fetch_seconds = last_record - joined

@@ -14,11 +14,14 @@ from strom.cli.common import (
     CliError,
     Subparsers,
     add_connection_options,
+    add_either,
     add_parser,
     client_config,
     non_negative_int,
 )
+from strom.cli.error_text import explain
 from strom.client.config import PRODUCER
+from strom.client.errors import KafkaException
 from strom.client.producer import Producer, RecordMetadata
 
 
@@ -42,7 +45,7 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "  printf 'user1:signed up\\nuser2:logged in\\n' | strom produce events --key-separator : "
         "--header source=cli",
     )
-    parser.add_argument("topic", help="the topic")
+    add_either(parser, "topic", help="the topic")
     parser.add_argument("--file", type=Path, metavar="PATH", help="read lines from PATH instead of stdin")
     parser.add_argument("--key-separator", metavar="SEP", help="split each line into key SEP value")
     parser.add_argument(
@@ -120,5 +123,7 @@ def _run(args: argparse.Namespace) -> int:
                 break
         producer.flush()
     if failures:
-        raise CliError(f"{len(failures)} of {sent} records were not written: {failures[0]}")
+        first = failures[0]
+        reason = explain(first) if isinstance(first, KafkaException) else str(first)
+        raise CliError(f"{len(failures)} of {sent} records were not written: {reason}")
     return 0

@@ -10,6 +10,7 @@ from strom.cli.common import (
     Subparsers,
     add_commands,
     add_connection_options,
+    add_either,
     add_parser,
     admin_client,
     key_value,
@@ -36,7 +37,7 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "num.partitions and default.replication.factor.\n\n"
         "example: strom topics create orders --partitions 6 --config retention.ms=86400000",
     )
-    create.add_argument("topic", help="the topic's name")
+    add_either(create, "topic", help="the topic's name")
     create.add_argument("--partitions", type=positive_int, default=-1, metavar="N", help="partition count")
     create.add_argument(
         "--replication-factor", type=positive_int, default=-1, metavar="N", help="replicas per partition"
@@ -68,7 +69,7 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "non-default configs, then a line per partition with its leader, replicas and in-sync "
         "replicas. With a filter, only the partitions it selects are printed.",
     )
-    describe.add_argument("topics", nargs="*", metavar="TOPIC", help="topics to describe (default: all)")
+    add_either(describe, "topic", many=True, required=False, help="topics to describe (default: all)")
     describe.add_argument(
         "--under-replicated-partitions",
         action="store_true",
@@ -88,13 +89,13 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         description="Grow a topic to a larger partition count (partitions are never removed). "
         "Change topic configs with `strom configs alter`.",
     )
-    alter.add_argument("topic", help="the topic's name")
+    add_either(alter, "topic", help="the topic's name")
     alter.add_argument("--partitions", type=positive_int, required=True, metavar="N", help="new total count")
     add_connection_options(alter)
     alter.set_defaults(func=_alter)
 
     delete = add_parser(commands, "delete", help="delete topics", description="Delete topics and their data.")
-    delete.add_argument("topics", nargs="+", metavar="TOPIC")
+    add_either(delete, "topic", many=True, help="the topics to delete")
     delete.add_argument("--if-exists", action="store_true", help="succeed if a topic does not exist")
     add_connection_options(delete)
     delete.set_defaults(func=_delete)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -53,7 +54,9 @@ class NetworkClient:
         self.cluster = Cluster()
         self._metadata_lock = asyncio.Lock()
         self._metadata_version = 0  # bumped on every successful refresh
-        self.last_metadata_refresh = 0.0
+        # Loop time (monotonic, from boot): "never" must be -inf, not 0.0, or a machine booted
+        # minutes ago would count as having refreshed at boot.
+        self.last_metadata_refresh = -math.inf
 
     # -- sending ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any, cast
 from strom.protocol.apis import ApiKey, VersionRange, request_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.framing import (
-    SIZE,
+    FrameDecoder,
     ProtocolError,
     decode_response,
     encode_request,
@@ -28,8 +28,11 @@ from strom.protocol.framing import (
 log = logging.getLogger(__name__)
 
 CLIENT_SOFTWARE_NAME = "strom"
-# Largest response frame accepted: a misbehaving peer must not make the client allocate gigabytes.
+# Largest response frame accepted (a fetch response is bounded by the request's fetch.max.bytes,
+# far below this). Buffers grow only as bytes arrive, so a peer that merely announces a large
+# frame costs nothing.
 MAX_RESPONSE_SIZE = 1 << 30
+_MIN_RESPONSE_SIZE = 4  # the correlation id
 # How many acks=0 correlation ids to remember in case a broker answers them after all.
 MAX_UNANSWERED = 4096
 
@@ -53,7 +56,7 @@ class _InFlight:
     future: asyncio.Future[Any]
 
 
-class BrokerConnection(asyncio.BufferedProtocol):
+class BrokerConnection(asyncio.Protocol):
     """A connection to one broker. Create with ``BrokerConnection.open``."""
 
     def __init__(self, host: str, port: int, client_id: str | None) -> None:
@@ -67,9 +70,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._in_flight: dict[int, _InFlight] = {}
         # Requests sent expecting no answer (acks=0): some brokers answer them anyway.
         self._unanswered: set[int] = set()
-        self._head = bytearray(4)
-        self._frame: bytearray | None = None
-        self._filled = 0
+        self._decoder = FrameDecoder(MAX_RESPONSE_SIZE, _MIN_RESPONSE_SIZE)
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._closed: asyncio.Future[None] = self._loop.create_future()
@@ -209,7 +210,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
             self._closed.set_result(None)
         self._can_write.set()
 
-    # -- asyncio.BufferedProtocol ----------------------------------------------------------
+    # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -227,36 +228,23 @@ class BrokerConnection(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._can_write.set()
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        # The size prefix is read into a 4-byte buffer, then each frame straight into a
-        # buffer of exactly its size: a large fetch response is copied once, by the kernel.
-        if self._frame is None:
-            return memoryview(self._head)[self._filled :]
-        return memoryview(self._frame)[self._filled :]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self._filled += nbytes
-        if self._frame is None:
-            if self._filled < 4:
-                return
-            (size,) = SIZE.unpack(self._head)
-            if not 4 <= size <= MAX_RESPONSE_SIZE:
-                self._fail(ProtocolError(f"{self.address} sent a frame of {size} bytes"))
-                return
-            self._frame = bytearray(size)
-            self._filled = 0
+    def data_received(self, data: bytes) -> None:
+        if self._error is not None:
             return
-        if self._filled < len(self._frame):
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as exc:
+            self._fail(ProtocolError(f"{self.address} sent a bad frame: {exc}"))
             return
-        frame = bytes(self._frame)
-        self._frame = None
-        self._filled = 0
-        self._complete(frame)
+        for frame in frames:
+            self._complete(frame)
+            if self._error is not None:
+                return
 
     def eof_received(self) -> bool:
         return False
 
-    def _complete(self, frame: bytes) -> None:
+    def _complete(self, frame: memoryview) -> None:
         try:
             correlation_id = response_correlation_id(frame)
             entry = self._in_flight.pop(correlation_id, None)

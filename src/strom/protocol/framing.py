@@ -1,6 +1,7 @@
 """Kafka framing and request/response headers (sans-I/O: bytes in, bytes out), for both ends.
 
-A frame is a 4-byte big-endian size followed by that many bytes. Requests start
+A frame is a 4-byte big-endian size followed by that many bytes; ``FrameDecoder`` cuts
+frames from a byte stream for the broker's and the client's connections alike. Requests start
 with header v1 (api key, version, correlation id, legacy nullable client id) or,
 for flexible versions, header v2 (v1 plus tagged fields). Responses start with
 header v0 (correlation id) or, for flexible versions, v1 (plus tagged fields) --
@@ -18,15 +19,102 @@ from typing import Any
 from kio.serial import entity_reader, entity_writer
 
 from strom.protocol.apis import ApiKey, is_flexible, response_entity
-from strom.protocol.errors import ErrorCode
+from strom.protocol.errors import ErrorCode, ProtocolError
+from strom.protocol.guard import check_body
+
+__all__ = [
+    "SIZE",
+    "FrameDecoder",
+    "FrameSizeError",
+    "ProtocolError",
+    "RequestHeader",
+    "decode_body",
+    "decode_response",
+    "encode_request",
+    "encode_response",
+    "parse_request_header",
+    "peek_api",
+    "response_correlation_id",
+    "skip_tagged_fields",
+]
 
 SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
 
 
-class ProtocolError(Exception):
-    """The bytes on a connection are not a valid Kafka request: the connection is closed."""
+class FrameSizeError(ProtocolError):
+    """A frame announced a size below the minimum or above the maximum of its connection."""
+
+    def __init__(self, size: int, min_size: int, max_size: int) -> None:
+        super().__init__(f"frame size {size} outside [{min_size}, {max_size}]")
+        self.size = size
+
+
+class FrameDecoder:
+    """Cuts size-prefixed frames out of a byte stream, holding only the bytes that arrived.
+
+    A size prefix is checked against ``[min_size, max_size]`` as soon as its four bytes are
+    in; nothing is allocated for it. A frame that lies whole inside one received chunk is
+    returned as a view of that chunk (no copy); one spread over several chunks grows a
+    buffer chunk by chunk, so a peer that announces 100 MiB and sends nothing costs
+    four bytes, not 100 MiB. Frames come out as read-only views (what kio decodes).
+    """
+
+    __slots__ = ("_head", "_max", "_min", "_partial", "_size")
+
+    def __init__(self, max_size: int, min_size: int = 0) -> None:
+        self._max = max_size
+        self._min = min_size
+        self._head = bytearray()  # the size prefix, while fewer than 4 bytes of it arrived
+        self._size = -1  # the size of the frame being received, -1 between frames
+        self._partial = bytearray()  # the frame's bytes so far, when it spans chunks
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for the frame being received (its prefix included)."""
+        return len(self._head) + len(self._partial) + (4 if self._size >= 0 else 0)
+
+    @property
+    def mid_frame(self) -> bool:
+        return self._size >= 0 or bool(self._head)
+
+    def feed(self, data: bytes) -> list[memoryview]:
+        """The frames completed by ``data``; raises FrameSizeError on a size out of bounds."""
+        frames: list[memoryview] = []
+        view = memoryview(data).toreadonly()
+        pos, end = 0, len(view)
+        while pos < end:
+            size = self._size
+            if size < 0:
+                head = self._head
+                if not head and end - pos >= 4:
+                    (size,) = SIZE.unpack_from(view, pos)
+                    pos += 4
+                else:
+                    taken = min(4 - len(head), end - pos)
+                    head += view[pos : pos + taken]
+                    pos += taken
+                    if len(head) < 4:
+                        break
+                    (size,) = SIZE.unpack(head)
+                    head.clear()
+                if not self._min <= size <= self._max:
+                    raise FrameSizeError(size, self._min, self._max)
+                if end - pos >= size:  # the whole frame is in this chunk: a view, no copy
+                    frames.append(view[pos : pos + size])
+                    pos += size
+                    continue
+                self._size = size
+            partial = self._partial
+            taken = min(size - len(partial), end - pos)
+            partial += view[pos : pos + taken]
+            pos += taken
+            if len(partial) == size:
+                frames.append(memoryview(partial).toreadonly())
+                self._partial = bytearray()
+                self._size = -1
+        return frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +181,12 @@ def parse_request_header(frame: memoryview) -> tuple[RequestHeader, int]:
 
 
 def decode_body(entity_type: type[Any], frame: memoryview, offset: int) -> Any:
-    """Decode a request body with kio; bytes after the body are tolerated, as Kafka does."""
+    """Decode a request body with kio; bytes after the body are tolerated, as Kafka does.
+
+    The body is walked first (``strom.protocol.guard``): no length read from the wire can
+    make kio allocate more than the frame holds.
+    """
+    check_body(entity_type, frame, offset)
     try:
         value, _size = entity_reader(entity_type)(frame, offset)
     except Exception as exc:  # kio raises a variety of errors for malformed input
@@ -160,8 +253,10 @@ def decode_response(frame: bytes | memoryview, api_key: int, api_version: int) -
             api_version = 0
     elif flexible:
         offset = skip_tagged_fields(memoryview(frame), offset)
+    entity_type = response_entity(api_key, api_version)
+    check_body(entity_type, memoryview(frame), offset)
     try:
-        value, _size = entity_reader(response_entity(api_key, api_version))(frame, offset)
+        value, _size = entity_reader(entity_type)(frame, offset)
     except Exception as exc:  # kio raises a variety of errors for malformed input
         raise ProtocolError(f"malformed response to api {api_key} v{api_version}: {exc}") from exc
     return value

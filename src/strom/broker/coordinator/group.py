@@ -69,6 +69,8 @@ class MemberMetadata:
     join_future: asyncio.Future[JoinResult] | None = None
     sync_future: asyncio.Future[SyncResult] | None = None
     heartbeat_timer: asyncio.TimerHandle | None = None
+    # Joined but not yet part of a generation (Kafka's MemberMetadata.isNew).
+    is_new: bool = False
 
     @property
     def is_awaiting_join(self) -> bool:

@@ -225,12 +225,13 @@ class GroupCoordinator:
         )
         future: asyncio.Future[JoinResult] = self.loop.create_future()
         member.join_future = future
+        member.is_new = True
         group.add_member(member)
         if group.in_initial_delay:
             group.new_member_added = True
         self._maybe_prepare_rebalance(group, f"member {member_id} joined")
         self._maybe_complete_join(group)
-        return await future
+        return await self._await_join(group, member, future)
 
     async def _update_member_and_rebalance(
         self, group: ClassicGroup, member: MemberMetadata, req: JoinRequest, reason: str
@@ -245,7 +246,7 @@ class GroupCoordinator:
         member.join_future = future
         self._maybe_prepare_rebalance(group, reason)
         self._maybe_complete_join(group)
-        return await future
+        return await self._await_join(group, member, future)
 
     @staticmethod
     def _update_member(member: MemberMetadata, req: JoinRequest) -> None:
@@ -296,7 +297,29 @@ class GroupCoordinator:
         member.join_future = future
         self._maybe_prepare_rebalance(group, f"static member {req.group_instance_id} rejoined")
         self._maybe_complete_join(group)
-        return await future
+        return await self._await_join(group, member, future)
+
+    async def _await_join(
+        self, group: ClassicGroup, member: MemberMetadata, future: asyncio.Future[JoinResult]
+    ) -> JoinResult:
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The JoinGroup's connection closed while the rebalance waited: the member stopped
+            # (Ctrl-C during a join), and no one will read the answer. A member that was never in a
+            # generation leaves at once instead of holding the rebalance open for its whole timeout;
+            # an existing one is now simply not rejoined, and its session timeout still applies.
+            if group.members.get(member.member_id) is member and member.join_future is future:
+                member.join_future = None
+                if member.is_new:
+                    log.info(
+                        "removing new member whose join was abandoned",
+                        extra={"group": group.group_id, "member": member.member_id},
+                    )
+                    self._remove_member_and_update_group(group, member)
+                else:
+                    self._schedule_heartbeat_expiration(group, member)
+            raise
 
     def _expire_pending_member(self, group: ClassicGroup, member_id: str) -> None:
         if group.pending_members.pop(member_id, None) is not None:
@@ -384,6 +407,7 @@ class GroupCoordinator:
         for member in group.members.values():
             future = member.join_future
             member.join_future = None
+            member.is_new = False
             result = self._current_join_result(group, member.member_id)
             if future is not None and not future.done():
                 future.set_result(result)

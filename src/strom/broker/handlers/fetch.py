@@ -1,5 +1,9 @@
 """Fetch (1): whole batches below the high watermark, long-polling up to max_wait.
 
+A response holds at most the broker's fetch.max.bytes (KIP-541) or the request's
+max_bytes, whichever is smaller -- except that the first partition with data always
+gets one whole batch, as in Kafka, so a batch larger than the limits is not stuck.
+
 Strom does not create incremental fetch sessions (KIP-227): every response carries
 session id 0, so clients keep sending full requests, and every requested
 partition appears in every response.
@@ -52,11 +56,11 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
             if epoch_error is not None:
                 errors[tp] = FetchResult(epoch_error)
                 continue
-            reads.append(FetchRequestPartition(tp, p.fetch_offset, p.partition_max_bytes))
+            reads.append(FetchRequestPartition(tp, p.fetch_offset, max(0, p.partition_max_bytes)))
         order.append((key, tps))
 
     max_wait_ms = to_ms(request.max_wait)
-    max_bytes = getattr(request, "max_bytes", 0x7FFFFFFF)
+    max_bytes = max(0, min(getattr(request, "max_bytes", 0x7FFFFFFF), broker.config.fetch_max_bytes))
     if errors:
         max_wait_ms = 0  # answer errors at once, as Kafka completes such a fetch immediately
     results = await broker.replica_manager.fetch_messages(reads, max_wait_ms, request.min_bytes, max_bytes)

@@ -15,7 +15,7 @@ from strom.broker.network import CloseConnection
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ProduceResult
 from strom.protocol.errors import ErrorCode
-from strom.protocol.messages import build
+from strom.protocol.messages import ZERO_UUID, build
 
 
 def _append_time(ms: int) -> datetime.datetime | None:
@@ -30,10 +30,12 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     early: dict[TopicPartition, ProduceResult] = {}
     # (response key, partitions in request order) per topic, to answer in the request's shape.
     order: list[tuple[Any, list[TopicPartition]]] = []
+    by_id = ctx.version >= 13
     for topic_data in request.topic_data:
-        topic_id = getattr(topic_data, "topic_id", None)
-        if topic_id is not None:
-            topic = image.topic_by_id(topic_id)
+        topic_id = topic_data.topic_id if by_id else None
+        if by_id:
+            # kio decodes the zero uuid as None: no topic has it.
+            topic = image.topic_by_id(topic_id) if topic_id is not None else None
             name = topic.name if topic is not None else ""
             unknown = ErrorCode.unknown_topic_id
         else:
@@ -60,7 +62,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 )
             else:
                 entries.append((tp, data.records))
-        order.append((topic_id if topic_id is not None else name, tps))
+        order.append((topic_id or ZERO_UUID if by_id else name, tps))
 
     results = await broker.replica_manager.append_records_async(acks, entries) if entries else {}
     results.update(early)

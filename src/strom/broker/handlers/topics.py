@@ -1,4 +1,10 @@
-"""CreateTopics (19), DeleteTopics (20) and CreatePartitions (37): the embedded controller's topic operations."""
+"""CreateTopics (19), DeleteTopics (20) and CreatePartitions (37): the embedded controller's topic operations.
+
+Like Kafka's controller, one request may not create more than 10,000 partitions
+(ReplicationControlManager.MAX_PARTITIONS_PER_BATCH for CreateTopics, the
+MAX_RECORDS_PER_USER_OP bound for CreatePartitions): such a request is refused whole,
+every topic answered POLICY_VIOLATION, before anything is allocated.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import ZERO_UUID, build
 from strom.storage.log_config import InvalidConfigError, LogConfig, describe_topic_config
+
+MAX_PARTITIONS_PER_REQUEST = 10_000
 
 
 class TopicRequestError(Exception):
@@ -53,16 +61,36 @@ def _check_replication_factor(replication_factor: int) -> None:
         )
 
 
+def _partitions_requested(topics: Any, default_partitions: int) -> int:
+    """An upper bound of the partitions a CreateTopics request asks for, as Kafka's controller counts them."""
+    total = 0
+    for topic in topics:
+        if topic.assignments:
+            total += len(topic.assignments)
+        elif topic.num_partitions == -1:
+            total += default_partitions
+        elif topic.num_partitions > 0:
+            total += topic.num_partitions
+    return total
+
+
 async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     broker = ctx.broker
     counts = Counter(t.name for t in request.topics)
+    too_many: TopicRequestError | None = None
+    if _partitions_requested(request.topics, broker.config.num_partitions) > MAX_PARTITIONS_PER_REQUEST:
+        too_many = TopicRequestError(
+            ErrorCode.policy_violation, "Excessively large number of partitions per request."
+        )
     results = []
     for topic in request.topics:
         configs = {c.name: c.value for c in topic.configs if c.value is not None}
         num_partitions = topic.num_partitions
         replication_factor = topic.replication_factor
         try:
+            if too_many is not None:
+                raise too_many
             if counts[topic.name] > 1:
                 raise TopicRequestError(ErrorCode.invalid_request, "Duplicate topic name in the request.")
             try:
@@ -178,10 +206,23 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     broker = ctx.broker
     counts = Counter(t.name for t in request.topics)
+    image = broker.control_plane.image
+    added = 0
+    for topic in request.topics:
+        current = image.topic(topic.name)
+        if current is not None and counts[topic.name] == 1:
+            added += max(0, topic.count - len(current.partitions))
+    too_many: TopicRequestError | None = None
+    if added > MAX_PARTITIONS_PER_REQUEST:
+        too_many = TopicRequestError(
+            ErrorCode.policy_violation, "Unable to perform excessively large batch operation."
+        )
     results = []
     for topic in request.topics:
         error, message = ErrorCode.none, None
         try:
+            if too_many is not None:
+                raise too_many
             if counts[topic.name] > 1:
                 raise TopicRequestError(ErrorCode.invalid_request, "Duplicate topic name in the request.")
             current = broker.control_plane.image.topic(topic.name)

@@ -636,8 +636,14 @@ class ConsumerCoordinator:
         LeaveGroup, and on close keeps its partitions (its restart gets them back)."""
         task = self._rebalance_task
         if task is not None and not task.done() and task is not asyncio.current_task():
+            in_round = self.state in (MemberState.PREPARING_REBALANCE, MemberState.COMPLETING_REBALANCE)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            if in_round and self.coordinator_id is not None:
+                # The abandoned JoinGroup or SyncGroup can wait at the coordinator for the whole
+                # rebalance, and a broker answers a connection's requests in order: closing the
+                # connection abandons it there too, and LeaveGroup goes out on a new one at once.
+                self.client.pool.disconnect(self.coordinator_id)
         if self.subscriptions.has_auto_assigned_partitions and (
             self.group_instance_id is None or revoke_static
         ):
@@ -908,8 +914,6 @@ class ConsumerCoordinator:
                     else None
                 )
         return found
-
-
 
 
 def _partition_counts(cluster: Cluster, topics: Iterable[str]) -> dict[str, int]:

@@ -1,0 +1,141 @@
+"""KafkaConnection's limits, driven with fake transports: request memory and connection quotas."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
+
+
+class FakeTransport:
+    def __init__(self, ip: str) -> None:
+        self.ip = ip
+        self.reading = True
+        self.closed = False
+        self.written: list[bytes] = []
+
+    def get_extra_info(self, name: str) -> Any:
+        return (self.ip, 1234) if name == "peername" else None
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+def limits(memory: int, per_ip: int = 100, total: int = 100) -> NetworkLimits:
+    return NetworkLimits(
+        max_request_size=1 << 20,
+        queued_max_requests=4,
+        memory=RequestMemory(memory),
+        quotas=ConnectionQuotas(total, per_ip, {"10.0.0.9": 1}),
+    )
+
+
+def connect(
+    shared: NetworkLimits, ip: str = "10.0.0.1", answered: asyncio.Event | None = None
+) -> tuple[KafkaConnection, FakeTransport]:
+    async def handle(_conn: KafkaConnection, frame: memoryview) -> bytes:
+        if answered is not None:
+            await answered.wait()
+        return b"ok" + bytes(frame[:2])
+
+    connection = KafkaConnection(handle, shared)
+    transport = FakeTransport(ip)
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    return connection, transport
+
+
+def test_partial_requests_stop_reading_at_the_bound_and_the_furthest_may_finish() -> None:
+    async def run() -> None:
+        shared = limits(memory=1000)
+        a, ta = connect(shared)
+        b, tb = connect(shared)
+        a.data_received(struct.pack(">i", 800) + b"a" * 600)  # 604 bytes of a request
+        assert ta.reading and shared.memory.used == 604
+        b.data_received(struct.pack(">i", 800) + b"b" * 500)  # 504 more: over the bound
+        # Only partial requests hold memory: nothing would ever free it, so one may finish.
+        assert shared.memory.used == 1108
+        assert ta.reading and not tb.reading
+        a.data_received(b"a" * 200)  # a's request is whole; it is handled and answered
+        await asyncio.sleep(0)
+        assert ta.written and shared.memory.used == 504
+        assert tb.reading  # memory freed: everyone reads again
+        a.close()
+        b.close()
+        assert shared.memory.used == 0 and shared.memory.answerable == 0
+
+    asyncio.run(run())
+
+
+def test_whole_requests_awaiting_answers_keep_readers_paused_until_answered() -> None:
+    async def run() -> None:
+        shared = limits(memory=100)
+        gate = asyncio.Event()
+        a, ta = connect(shared, answered=gate)
+        b, tb = connect(shared)
+        a.data_received(struct.pack(">i", 150) + b"x" * 150)
+        await asyncio.sleep(0)
+        b.data_received(struct.pack(">i", 10) + b"y" * 2)
+        assert not ta.reading and not tb.reading  # a's answer will release memory: no exemption
+        gate.set()
+        await asyncio.sleep(0.01)
+        assert ta.reading and tb.reading and shared.memory.used == 6
+        a.close()
+        b.close()
+
+    asyncio.run(run())
+
+
+def test_connection_quotas_close_the_newest_and_count_closes() -> None:
+    async def run() -> None:
+        shared = limits(memory=0, per_ip=2, total=4)
+        first = [connect(shared, "10.0.0.1") for _ in range(2)]
+        refused, t_refused = connect(shared, "10.0.0.1")  # over max.connections.per.ip
+        assert t_refused.closed and refused not in shared.connections
+        overridden, _ = connect(shared, "10.0.0.9")
+        _, t_second = connect(shared, "10.0.0.9")  # its override allows one
+        assert t_second.closed
+        other, _ = connect(shared, "10.0.0.2")
+        _, t_over = connect(shared, "10.0.0.3")  # over max.connections
+        assert t_over.closed
+        first[0][0].close()
+        again, t_again = connect(shared, "10.0.0.1")
+        assert not t_again.closed and again in shared.connections
+        for conn in (first[1][0], overridden, other, again):
+            conn.close()
+        assert not shared.connections
+
+    asyncio.run(run())
+
+
+def test_when_the_finishing_sender_leaves_another_partial_request_may_finish() -> None:
+    async def run() -> None:
+        shared = limits(memory=1000)
+        a, ta = connect(shared)
+        b, tb = connect(shared)
+        c, tc = connect(shared)
+        a.data_received(struct.pack(">i", 800) + b"a" * 700)
+        b.data_received(struct.pack(">i", 800) + b"b" * 550)
+        c.data_received(struct.pack(">i", 800) + b"c" * 500)
+        assert ta.reading and not tb.reading and not tc.reading  # a is furthest along
+        a.close()  # it leaves without finishing; memory is still over the bound
+        assert shared.memory.used == 1058 and shared.memory.exhausted
+        assert tb.reading and not tc.reading  # now b, the furthest of those left, may finish
+        b.close()
+        c.close()
+        assert shared.memory.used == 0 and shared.memory.answerable == 0
+
+    asyncio.run(run())
