@@ -6,6 +6,9 @@ PYTHON    := $(VENV)/bin/python
 # Everything (the broker, the client, Spark and the test tools), and what `make run` needs.
 INSTALLED := $(VENV)/.installed
 BROKER_INSTALLED := $(VENV)/.installed-broker
+# The record scanner is a C extension (setup.py): the editable install compiles it in place
+# (gcc and the Python headers), again whenever its source changes.
+BUILD_INPUTS := pyproject.toml setup.py src/strom/records/_scanner.c
 APT_PACKAGES := kcat e2fsprogs  # e2fsprogs: mkfs.ext4 for the full-disk test
 
 .PHONY: run test lint bench demo system-deps clean
@@ -13,11 +16,11 @@ APT_PACKAGES := kcat e2fsprogs  # e2fsprogs: mkfs.ext4 for the full-disk test
 $(PYTHON):
 	python3 -m venv $(VENV)
 
-$(BROKER_INSTALLED): pyproject.toml | $(PYTHON)
+$(BROKER_INSTALLED): $(BUILD_INPUTS) | $(PYTHON)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e .
 	touch $@
 
-$(INSTALLED): pyproject.toml | $(PYTHON)
+$(INSTALLED): $(BUILD_INPUTS) | $(PYTHON)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,spark]'
 	touch $@ $(BROKER_INSTALLED)
 
@@ -54,4 +57,4 @@ bench: $(INSTALLED)
 	$(PYTHON) bench/spark_bench.py --write-results
 
 clean:
-	rm -rf $(VENV) .cache data
+	rm -rf $(VENV) .cache data build src/strom/records/*.so

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from strom.protocol.errors import ErrorCode
 from strom.storage import FetchDataInfo, Log, LogAppendInfo, OffsetOutOfRangeError, TimestampAndOffset
+from strom.storage.log_validator import ValidatedRecords
 
 
 class TopicPartition(NamedTuple):
@@ -64,14 +65,16 @@ class Partition:
         # No transactions yet: every record below the HW is stable.
         return self.high_watermark
 
-    def append_records_to_leader(self, records: bytes | memoryview, required_acks: int) -> LogAppendInfo:
+    def append_records_to_leader(
+        self, records: bytes | memoryview, required_acks: int, validated: ValidatedRecords | None = None
+    ) -> LogAppendInfo:
         min_isr = self.log.config.min_insync_replicas
         if required_acks == -1 and len(self.isr) < min_isr:
             raise NotEnoughReplicasError(
                 f"The size of the current ISR {self.isr} is insufficient to satisfy "
                 f"the min.isr requirement of {min_isr} for partition {self.tp}"
             )
-        info = self.log.append_as_leader(records, self.leader_epoch)
+        info = self.log.append_as_leader(records, self.leader_epoch, validated)
         self._maybe_increment_high_watermark()
         return info
 

@@ -19,6 +19,7 @@ from strom.broker.cluster.metadata import TopicState
 from strom.broker.partition import NotEnoughReplicasError, Partition, TopicPartition
 from strom.protocol.errors import ErrorCode
 from strom.storage import KafkaStorageError, LogConfig, LogManager, NewLog, StorageError
+from strom.storage.log_validator import ValidatedRecords, needs_worker
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +149,39 @@ class ReplicaManager:
 
     # -- produce ------------------------------------------------------------------------------
 
-    def append_records(
+    async def append_records_async(
         self, required_acks: int, entries: list[tuple[TopicPartition, bytes | None]]
+    ) -> dict[TopicPartition, ProduceResult]:
+        """append_records for the produce path: record sets whose validation may take long
+        (compressed, recompressed or large: log_validator.needs_worker) are validated on a
+        worker thread first, so the event loop never waits for a decompression."""
+        validated: dict[TopicPartition, ValidatedRecords] = {}
+        early: dict[TopicPartition, ProduceResult] = {}
+        loop = asyncio.get_running_loop()
+        for tp, records in entries:
+            partition = self._partitions.get(tp)
+            if partition is None or not records or not needs_worker(records, partition.log.config):
+                continue
+            try:
+                validated[tp] = await loop.run_in_executor(None, partition.log.analyze_for_append, records)
+            except StorageError as exc:
+                early[tp] = ProduceResult(
+                    error_code_of(exc),
+                    log_start_offset=partition.log_start_offset,
+                    error_message=str(exc) or None,
+                    record_errors=list(exc.record_errors),
+                )
+        results = self.append_records(
+            required_acks, [entry for entry in entries if entry[0] not in early], validated
+        )
+        results.update(early)
+        return results
+
+    def append_records(
+        self,
+        required_acks: int,
+        entries: list[tuple[TopicPartition, bytes | None]],
+        validated: dict[TopicPartition, ValidatedRecords] | None = None,
     ) -> dict[TopicPartition, ProduceResult]:
         results: dict[TopicPartition, ProduceResult] = {}
         for tp, records in entries:
@@ -161,7 +193,9 @@ class ReplicaManager:
                 results[tp] = ProduceResult(ErrorCode.invalid_record, error_message="empty record set")
                 continue
             try:
-                info = partition.append_records_to_leader(records, required_acks)
+                info = partition.append_records_to_leader(
+                    records, required_acks, validated.get(tp) if validated is not None else None
+                )
             except (StorageError, NotEnoughReplicasError) as exc:
                 results[tp] = ProduceResult(
                     error_code_of(exc),
@@ -184,9 +218,9 @@ class ReplicaManager:
     async def append(
         self, required_acks: int, entries: list[tuple[TopicPartition, bytes | None]]
     ) -> dict[TopicPartition, ProduceResult]:
-        """``append_records``, then the fsyncs that flush.messages asks for, off the event loop,
-        before the caller acknowledges (a failed fsync answers KAFKA_STORAGE_ERROR)."""
-        results = self.append_records(required_acks, entries)
+        """``append_records_async``, then the fsyncs that flush.messages asks for, off the event
+        loop, before the caller acknowledges (a failed fsync answers KAFKA_STORAGE_ERROR)."""
+        results = await self.append_records_async(required_acks, entries)
         due = [
             (tp, partition)
             for tp, result in results.items()

@@ -1,7 +1,7 @@
 """Record batch v2 header: the 61 bytes the broker reads on the hot path.
 
-The broker treats a batch as opaque bytes: it parses this header, checks the
-CRC-32C over everything after the ``crc`` field, and rewrites ``baseOffset`` and
+The broker parses this header, checks the CRC-32C over everything after the ``crc``
+field (its records are walked by strom.records.scanner), and rewrites ``baseOffset`` and
 ``partitionLeaderEpoch`` in place. Those two fields sit before the CRC'd range,
 so rewriting them never requires recomputing the checksum.
 """
@@ -179,6 +179,13 @@ def set_base_offset(buf: bytearray | memoryview, position: int, base_offset: int
 
 def set_partition_leader_epoch(buf: bytearray | memoryview, position: int, epoch: int) -> None:
     _I.pack_into(buf, position + PARTITION_LEADER_EPOCH, epoch)
+
+
+def set_max_timestamp(buf: bytearray | memoryview, header: BatchHeader, timestamp: int) -> None:
+    """Set maxTimestamp and re-CRC (it lies in the CRC'd range)."""
+    position = header.position
+    _INT64_AT_MAX_TS.pack_into(buf, position + MAX_TIMESTAMP, timestamp)
+    struct.pack_into(">I", buf, position + CRC, compute_crc(buf, position, header.size))
 
 
 def set_log_append_time(buf: bytearray | memoryview, header: BatchHeader, timestamp: int) -> None:

@@ -13,11 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-import crc32c
-
 from strom.records.batch import (
-    ATTRIBUTES,
-    CRC,
     HEADER_SIZE,
     HEADER_STRUCT,
     LOG_OVERHEAD,
@@ -28,6 +24,7 @@ from strom.records.batch import (
 )
 from strom.records.codec import Record, decode_batch
 from strom.records.compression import compress_to_buffer
+from strom.records.scanner import write_crc, write_header
 from strom.records.varint import write_varint
 
 Header = tuple[str, bytes | None]
@@ -47,15 +44,7 @@ def varint_bytes(value: int) -> bytes:
 
 _VARINTS: list[bytes] = [varint_bytes(n) for n in range(VARINT_TABLE_SIZE)]
 _NULL = b"\x01"  # the varint of -1: a null key, value or header value
-_CRC = struct.Struct(">I")
 _PRODUCER_STATE = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence: contiguous
-
-
-def _crc(batch: bytearray) -> int:
-    # Keep the GIL: hardware CRC-32C takes ~40 us per MiB, less than the wait to take the
-    # GIL back from a thread that is busy sending (the producer's I/O thread runs this).
-    crc: int = crc32c.crc32c(memoryview(batch)[ATTRIBUTES:], 0, 0)
-    return crc
 
 
 def encode_record(
@@ -192,25 +181,19 @@ class RecordBatchBuilder:
             payload = compress_to_buffer(compression, memoryview(buffer)[HEADER_SIZE:], compression_level)
             batch = bytearray(HEADER_SIZE)
             batch += payload
-        attributes = compression | (TRANSACTIONAL_FLAG if is_transactional else 0)
-        HEADER_STRUCT.pack_into(
+        write_header(
             batch,
-            0,
-            0,  # baseOffset: the broker assigns it
-            len(batch) - LOG_OVERHEAD,
-            NO_PARTITION_LEADER_EPOCH,
-            2,  # magic
-            0,  # crc, below
-            attributes,
-            count - 1,
-            self.base_timestamp,
-            self.max_timestamp,
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            count,
+            base_offset=0,  # the broker assigns it
+            partition_leader_epoch=NO_PARTITION_LEADER_EPOCH,
+            attributes=compression | (TRANSACTIONAL_FLAG if is_transactional else 0),
+            last_offset_delta=count - 1,
+            base_timestamp=self.base_timestamp,
+            max_timestamp=self.max_timestamp,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            records_count=count,
         )
-        _CRC.pack_into(batch, CRC, _crc(batch))
         return batch
 
 
@@ -240,4 +223,4 @@ class RecordBatchBuilder:
 def rewrite_producer_state(batch: bytearray, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
     """Set a built batch's producer id, epoch and base sequence, and its CRC again."""
     _PRODUCER_STATE.pack_into(batch, PRODUCER_ID, producer_id, producer_epoch, base_sequence)
-    _CRC.pack_into(batch, CRC, _crc(batch))
+    write_crc(batch)

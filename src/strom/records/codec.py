@@ -1,36 +1,17 @@
-"""Record batch v2 codec: records in and out of batches (KIP-98 layout).
-
-A v2 record, after the 61-byte batch header (possibly inside the compressed payload):
-
-    length: varint            bytes after this field
-    attributes: int8          unused, 0
-    timestampDelta: varlong   from the batch's baseTimestamp
-    offsetDelta: varint       from the batch's baseOffset
-    keyLength: varint         -1 for a null key
-    key: bytes
-    valueLength: varint       -1 for a null value
-    value: bytes
-    headerCount: varint
-    headers: [keyLength: varint, key: utf-8, valueLength: varint (-1 null), value: bytes]
+"""Record batch v2 codec: records in and out of batches (KIP-98 layout; records as
+strom.records.scanner describes them, which does the parsing and the batch assembly).
 """
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import crc32c
-
+from strom.records import scanner
 from strom.records.batch import (
-    ATTRIBUTES,
     COMPRESSION_MASK,
     CONTROL_FLAG,
-    CRC,
-    HEADER_SIZE,
-    HEADER_STRUCT,
-    LOG_OVERHEAD,
     NO_PARTITION_LEADER_EPOCH,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
@@ -41,19 +22,15 @@ from strom.records.batch import (
     CompressionType,
     InvalidBatchError,
     TimestampType,
-    is_crc_valid,
     iter_headers,
     read_header,
 )
-from strom.records.compression import CompressionError, compress_to_buffer, decompress_to_buffer
-from strom.records.varint import MAX_VARLONG_BYTES, VarintError, read_varint_fast, write_varint
+from strom.records.compression import CompressionError
+from strom.records.varint import write_varint
 
 Header = tuple[str, bytes | None]
 
-# The v2 header with the CRC field; same layout as strom.records.batch reads.
-
-_CRC = struct.Struct(">I")
-_MAX_CODEC = CompressionType.ZSTD
+_MAX_CODEC = scanner.MAX_CODEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,112 +93,24 @@ def _indexable(buf: bytes | bytearray | memoryview) -> bytes | memoryview:
 
 
 def _decode(data: bytes | memoryview, header: BatchHeader, verify_crc: bool) -> RecordBatch:
-    if verify_crc:
-        _check_crc(data, header)
-    if header.records_count < 0:
-        raise InvalidBatchError(f"negative record count {header.records_count}", corrupt=True)
-    start = header.position + HEADER_SIZE
-    end = header.position + header.size
-    codec = header.compression
-    if codec == CompressionType.NONE:
-        payload, start_in_payload, end_in_payload = data, start, end
-    else:
-        payload = _decompress(codec, memoryview(data)[start:end])
-        start_in_payload, end_in_payload = 0, len(payload)
-    log_append_time = header.max_timestamp if header.timestamp_type == TimestampType.LOG_APPEND_TIME else None
-    records = _decode_records(
-        payload,
-        start_in_payload,
-        end_in_payload,
-        header.records_count,
-        header.base_offset,
-        header.base_timestamp,
-        log_append_time,
-    )
-    return RecordBatch(header, records)
-
-
-def _check_crc(data: bytes | memoryview, header: BatchHeader) -> None:
-    if not is_crc_valid(data, header):
-        raise InvalidBatchError(f"record batch at offset {header.base_offset} fails its CRC", corrupt=True)
-
-
-def _decompress(codec: int, compressed: bytes | memoryview) -> bytes:
-    if codec > _MAX_CODEC:
-        raise InvalidBatchError(f"unknown compression codec {codec}", corrupt=False)
+    payload, start, end = scanner.batch_records(data, header, verify_crc=verify_crc)
     try:
-        # Records decode fastest from bytes: indexing and slicing bytes is cheaper than a view.
-        return bytes(decompress_to_buffer(codec, compressed))
-    except CompressionError as error:
-        raise InvalidBatchError(str(error), corrupt=True) from error
-
-
-def _decode_records(
-    data: bytes | memoryview,
-    position: int,
-    end: int,
-    count: int,
-    base_offset: int,
-    base_timestamp: int,
-    log_append_time: int | None,
-) -> list[Record]:
+        decoded = scanner.decode(payload, start, end, header.records_count, header.last_offset_delta)
+    except scanner.RecordError as error:
+        raise InvalidBatchError(f"malformed record in batch at offset {header.base_offset}: {error}", corrupt=True) from error
+    base_offset = header.base_offset
+    base_timestamp = header.base_timestamp
     records: list[Record] = []
     append = records.append
-    varint = read_varint_fast
-    try:
-        for _ in range(count):
-            length, position = varint(data, position)
-            record_end = position + length
-            if length < 0 or record_end > end:
-                raise InvalidBatchError(f"record length {length} runs past its batch", corrupt=True)
-            # attributes (int8) are unused in v2
-            timestamp_delta, position = varint(data, position + 1, MAX_VARLONG_BYTES)
-            offset_delta, position = varint(data, position)
-            # key and value: -1 is null
-            size, position = varint(data, position)
-            if size >= 0:
-                key: bytes | None = bytes(data[position : position + size])
-                position += size
-            else:
-                _check_null(size)
-                key = None
-            size, position = varint(data, position)
-            if size >= 0:
-                value: bytes | None = bytes(data[position : position + size])
-                position += size
-            else:
-                _check_null(size)
-                value = None
-            header_count, position = varint(data, position)
-            headers: tuple[Header, ...] = ()
-            if header_count:
-                headers, position = _read_headers(data, position, record_end, header_count)
-            if position != record_end:
-                raise InvalidBatchError(
-                    f"record declares {length} bytes but its fields take {length + position - record_end}",
-                    corrupt=True,
-                )
-            append(
-                _new_record(
-                    base_offset + offset_delta,
-                    base_timestamp + timestamp_delta if log_append_time is None else log_append_time,
-                    key,
-                    value,
-                    headers,
-                )
-            )
-    except (IndexError, VarintError) as error:
-        raise InvalidBatchError(f"malformed record in batch: {error}", corrupt=True) from error
-    if position != end:
-        raise InvalidBatchError(
-            f"{end - position} bytes left after the batch's {count} declared records", corrupt=True
-        )
-    return records
-
-
-def _check_null(size: int) -> None:
-    if size != -1:
-        raise InvalidBatchError(f"invalid field length {size}", corrupt=True)
+    if header.timestamp_type == TimestampType.LOG_APPEND_TIME:
+        # Every record of a LogAppendTime batch carries the batch's maxTimestamp.
+        log_append_time = header.max_timestamp
+        for offset_delta, _, key, value, headers in decoded:
+            append(_new_record(base_offset + offset_delta, log_append_time, key, value, headers))
+    else:
+        for offset_delta, timestamp_delta, key, value, headers in decoded:
+            append(_new_record(base_offset + offset_delta, base_timestamp + timestamp_delta, key, value, headers))
+    return RecordBatch(header, records)
 
 
 def _new_record(
@@ -242,36 +131,6 @@ def _new_record(
 _SET_OFFSET, _SET_TIMESTAMP, _SET_KEY, _SET_VALUE, _SET_HEADERS = (
     vars(Record)[name].__set__ for name in ("offset", "timestamp", "key", "value", "headers")
 )
-
-
-def _read_bytes(data: bytes | memoryview, position: int, limit: int) -> tuple[bytes | None, int]:
-    size, position = read_varint_fast(data, position)
-    if size < 0:
-        _check_null(size)
-        return None, position
-    end = position + size
-    if end > limit:
-        raise InvalidBatchError("record field runs past its record", corrupt=True)
-    return bytes(data[position:end]), end
-
-
-def _read_headers(
-    data: bytes | memoryview, position: int, limit: int, count: int
-) -> tuple[tuple[Header, ...], int]:
-    if count < 0:
-        raise InvalidBatchError(f"invalid header count {count}", corrupt=True)
-    headers: list[Header] = []
-    for _ in range(count):
-        raw_key, position = _read_bytes(data, position, limit)
-        if raw_key is None:
-            raise InvalidBatchError("record header with a null key", corrupt=True)
-        try:
-            key = raw_key.decode()
-        except UnicodeDecodeError as error:
-            raise InvalidBatchError(f"record header key is not UTF-8: {error}", corrupt=True) from error
-        value, position = _read_bytes(data, position, limit)
-        headers.append((key, value))
-    return tuple(headers), position
 
 
 # ---------------------------------------------------------------- encoding
@@ -322,20 +181,21 @@ def encode_batch(
         | (TRANSACTIONAL_FLAG if is_transactional else 0)
         | (CONTROL_FLAG if is_control else 0)
     )
-    return _assemble(
-        body,
-        compression,
-        compression_level,
-        base_offset=base_offset,
-        partition_leader_epoch=partition_leader_epoch,
-        attributes=attributes,
-        last_offset_delta=len(records) - 1,
-        base_timestamp=base_timestamp,
-        max_timestamp=max(timestamps),
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        records_count=len(records),
+    return bytes(
+        scanner.assemble_batch(
+            body,
+            compression_level=compression_level,
+            base_offset=base_offset,
+            partition_leader_epoch=partition_leader_epoch,
+            attributes=attributes,
+            last_offset_delta=len(records) - 1,
+            base_timestamp=base_timestamp,
+            max_timestamp=max(timestamps),
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            records_count=len(records),
+        )
     )
 
 
@@ -372,52 +232,15 @@ def _write_bytes(out: bytearray, data: bytes | None) -> None:
         out += data
 
 
-def _assemble(
-    payload: bytes | bytearray | memoryview,
-    codec: int,
-    level: int | None,
-    *,
-    base_offset: int,
-    partition_leader_epoch: int,
-    attributes: int,
-    last_offset_delta: int,
-    base_timestamp: int,
-    max_timestamp: int,
-    producer_id: int,
-    producer_epoch: int,
-    base_sequence: int,
-    records_count: int,
-) -> bytes:
-    """Header + (compressed) record bytes, with batchLength and CRC-32C filled in."""
-    if codec != CompressionType.NONE:
-        payload = compress_to_buffer(codec, payload, level)
-    header = bytearray(
-        HEADER_STRUCT.pack(
-            base_offset,
-            HEADER_SIZE - LOG_OVERHEAD + len(payload),
-            partition_leader_epoch,
-            2,
-            0,
-            attributes,
-            last_offset_delta,
-            base_timestamp,
-            max_timestamp,
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            records_count,
-        )
-    )
-    crc = crc32c.crc32c(payload, crc32c.crc32c(memoryview(header)[ATTRIBUTES:]))
-    _CRC.pack_into(header, CRC, crc)
-    return b"".join((header, payload))
-
-
 # ---------------------------------------------------------------- recompression
 
 
 def recompress_batches(
-    records: bytes | bytearray | memoryview, codec: int, *, level: int | None = None
+    records: bytes | bytearray | memoryview,
+    codec: int,
+    *,
+    level: int | None = None,
+    payloads: dict[int, tuple[scanner.BytesLike, int, int]] | None = None,
 ) -> bytes:
     """Re-encode every batch with ``codec`` (the broker's topic-level compression.type).
 
@@ -425,29 +248,27 @@ def recompress_batches(
     deltas included) and every header field other than the codec bits, batchLength
     and CRC are kept. A batch already in ``codec`` is kept byte-identical, and so is an
     uncompressed control batch (Kafka does not compress control records that arrive
-    uncompressed). Raises InvalidBatchError for a malformed or corrupt source batch.
+    uncompressed). ``payloads`` maps a batch's position to its records already
+    decompressed (scanner.batch_records' answer), to save decompressing them again.
+    Raises InvalidBatchError for a malformed or corrupt source batch.
     """
     if not 0 <= codec <= _MAX_CODEC:
         raise CompressionError(f"unknown compression codec {codec}")
     data = _indexable(records)
     view = memoryview(data)  # slices of it do not copy
-    parts: list[bytes | memoryview] = []
+    parts: list[bytes | bytearray | memoryview] = []
     for header in iter_headers(data):
         source_codec = header.compression
         batch_end = header.position + header.size
         if source_codec == codec or (header.is_control and source_codec == CompressionType.NONE):
             parts.append(view[header.position : batch_end])
             continue
-        _check_crc(data, header)
-        body = view[header.position + HEADER_SIZE : batch_end]
-        raw: bytes | memoryview = (
-            body if source_codec == CompressionType.NONE else _decompress(source_codec, body)
-        )
+        known = payloads.get(header.position) if payloads is not None else None
+        payload, start, end = known if known is not None else scanner.batch_records(data, header)
         parts.append(
-            _assemble(
-                raw,
-                codec,
-                level,
+            scanner.assemble_batch(
+                memoryview(payload)[start:end],
+                compression_level=level,
                 base_offset=header.base_offset,
                 partition_leader_epoch=header.partition_leader_epoch,
                 attributes=(header.attributes & ~COMPRESSION_MASK) | codec,

@@ -33,6 +33,10 @@ DEFAULT_LEVELS = {CompressionType.GZIP: 6, CompressionType.LZ4: 0, CompressionTy
 
 BytesLike = bytes | bytearray | memoryview
 
+# The most bytes one batch's payload may decompress to, whatever its headers or frames
+# claim: a decompression bomb stops here (see decompression_limit).
+MAX_DECOMPRESSED_BATCH_BYTES = 64 * 1024 * 1024
+
 
 class CompressionError(ValueError):
     """An unknown codec, or a payload its codec cannot decompress."""
@@ -48,11 +52,26 @@ def compress(codec: int, data: BytesLike, level: int | None = None) -> bytes:
     return bytes(compress_to_buffer(codec, data, level))
 
 
-def decompress(codec: int, data: BytesLike) -> bytes:
-    """Decompress a batch payload written with ``codec``. Raises CompressionError on garbage."""
+def decompress(codec: int, data: BytesLike, limit: int = MAX_DECOMPRESSED_BATCH_BYTES) -> bytes:
+    """Decompress a batch payload written with ``codec``; raises CompressionError on garbage
+    or when it would exceed ``limit`` bytes."""
     if codec == CompressionType.NONE:
         return bytes(data)
-    return bytes(decompress_to_buffer(codec, data))
+    return bytes(decompress_to_buffer(codec, data, limit))
+
+
+def decompression_limit(records_count: int, max_message_bytes: int | None = None) -> int:
+    """The most bytes a batch of ``records_count`` records may decompress to.
+
+    No record may be larger than ``max.message.bytes`` uncompressed (it would have been
+    refused had it been sent uncompressed), and no batch more than
+    MAX_DECOMPRESSED_BATCH_BYTES (or ``max.message.bytes`` if that is larger). Readers of
+    stored batches pass no ``max_message_bytes`` and get the cap.
+    """
+    if max_message_bytes is None:
+        return MAX_DECOMPRESSED_BATCH_BYTES
+    cap = max(MAX_DECOMPRESSED_BATCH_BYTES, max_message_bytes)
+    return min(cap, max(records_count, 1) * max_message_bytes)
 
 
 def compress_to_buffer(codec: int, data: BytesLike, level: int | None = None) -> Any:
@@ -76,19 +95,20 @@ def compress_to_buffer(codec: int, data: BytesLike, level: int | None = None) ->
     raise CompressionError(f"unknown compression codec {codec}")
 
 
-def decompress_to_buffer(codec: int, data: BytesLike) -> Any:
-    """Like decompress() but returns a buffer-protocol object, saving a copy."""
+def decompress_to_buffer(codec: int, data: BytesLike, limit: int = MAX_DECOMPRESSED_BATCH_BYTES) -> Any:
+    """Like decompress() but returns a buffer-protocol object (a bytearray), saving a copy.
+
+    Output never exceeds ``limit``: gzip, lz4 and zstd decompress into a buffer that grows
+    up to the limit (cramjam stops at a full buffer instead of inflating the
+    rest; a declared size sets the first buffer), snappy's declared lengths are checked against it before anything is allocated.
+    """
     try:
-        if codec == CompressionType.GZIP:
-            return cramjam.gzip.decompress(data)
         if codec == CompressionType.SNAPPY:
             if len(data) >= XERIAL_HEADER_SIZE and data[:8] == XERIAL_MAGIC:
-                return _decompress_xerial(memoryview(data))
-            return cramjam.snappy.decompress_raw(data)
-        if codec == CompressionType.LZ4:
-            return cramjam.lz4.decompress(data)
-        if codec == CompressionType.ZSTD:
-            return cramjam.zstd.decompress(data)
+                return _decompress_xerial(memoryview(data), limit)
+            return _decompress_raw_snappy(data, limit)
+        if codec in (CompressionType.GZIP, CompressionType.LZ4, CompressionType.ZSTD):
+            return _decompress_growing(codec, data, limit)
     except (cramjam.DecompressionError, ValueError, TypeError, OverflowError) as error:
         if isinstance(error, CompressionError):
             raise
@@ -96,7 +116,69 @@ def decompress_to_buffer(codec: int, data: BytesLike) -> Any:
     raise CompressionError(f"unknown compression codec {codec}")
 
 
-def _decompress_xerial(data: memoryview) -> bytearray:
+# The first output buffer is this many times the compressed size (at least _MIN_GUESS, or the
+# size the payload declares); a full one is replaced by one _GROWTH times larger.
+_FIRST_GUESS_RATIO = 8
+_GROWTH = 4
+_MIN_GUESS = 64 * 1024
+_FULL_BUFFER = "failed to write whole buffer"
+
+
+def _decompress_growing(codec: int, data: BytesLike, limit: int) -> bytearray:
+    module = _MODULES[codec]
+    size = min(limit, max(_MIN_GUESS, len(data) * _FIRST_GUESS_RATIO, _claimed_size(codec, data)))
+    while True:
+        out = bytearray(size)
+        try:
+            written: int = module.decompress_into(data, out)
+        except cramjam.DecompressionError as error:
+            if _FULL_BUFFER not in str(error):
+                raise
+            written = size + 1
+        if written >= size and size < limit:
+            # Full (or filled exactly, which may have held only the payload's start): try a
+            # larger buffer, freeing this one first so that peak memory stays ~ the limit.
+            del out
+            size = min(limit, size * _GROWTH)
+            continue
+        if written > size:
+            raise CompressionError(
+                f"{_name(codec)} payload decompresses to more than {limit} bytes, the limit for its batch"
+            )
+        del out[written:]
+        return out
+
+
+def _claimed_size(codec: int, data: BytesLike) -> int:
+    """The uncompressed size a payload declares, when its format says (gzip's ISIZE, mod 2^32;
+    a zstd frame's content size): a first guess only, never trusted beyond the limit."""
+    if codec == CompressionType.GZIP and len(data) >= 18:
+        return int.from_bytes(bytes(data[-4:]), "little")
+    if codec == CompressionType.ZSTD and len(data) >= 6 and bytes(data[:4]) == _ZSTD_MAGIC:
+        descriptor = data[4]
+        single_segment = (descriptor >> 5) & 1
+        size_bytes = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+        at = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
+        if size_bytes and len(data) >= at + size_bytes:
+            size = int.from_bytes(bytes(data[at : at + size_bytes]), "little")
+            return size + 256 if size_bytes == 2 else size
+    return 0
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _decompress_raw_snappy(data: BytesLike, limit: int) -> bytearray:
+    claimed = cramjam.snappy.decompress_raw_len(data)
+    if claimed > limit:
+        raise CompressionError(f"snappy payload declares {claimed} bytes, more than the limit of {limit}")
+    out = bytearray(claimed)
+    written = cramjam.snappy.decompress_raw_into(data, out)
+    del out[written:]
+    return out
+
+
+def _decompress_xerial(data: memoryview, limit: int) -> bytearray:
     # The version fields are not checked: some producers write them little-endian,
     # and there has only ever been one xerial block layout.
     chunks: list[memoryview] = []
@@ -114,6 +196,9 @@ def _decompress_xerial(data: memoryview) -> bytearray:
         position += length
         chunks.append(chunk)
         total += cramjam.snappy.decompress_raw_len(chunk)
+        # Checked before anything is allocated: the lengths are the sender's claims.
+        if total > limit:
+            raise CompressionError(f"xerial snappy chunks declare more than the limit of {limit} bytes")
     # Decompress every chunk straight into one buffer.
     out = bytearray(total)
     view = memoryview(out)
@@ -123,6 +208,13 @@ def _decompress_xerial(data: memoryview) -> bytearray:
     if written != total:
         raise CompressionError("xerial snappy: chunks decompressed to fewer bytes than they declare")
     return out
+
+
+_MODULES: dict[int, Any] = {
+    CompressionType.GZIP: cramjam.gzip,
+    CompressionType.LZ4: cramjam.lz4,
+    CompressionType.ZSTD: cramjam.zstd,
+}
 
 
 def _name(codec: int) -> str:

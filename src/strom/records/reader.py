@@ -5,8 +5,8 @@ thread only walks their 61-byte headers (``scan_batches``) to learn where the co
 batches end and which offset to fetch next; ``FetchedRecords.take`` decodes records in
 the caller's thread, batch by batch and only as many as it is asked for, straight into
 ``ConsumerRecord`` objects. Each batch is CRC-checked and decompressed once, its
-records read in one pass with the common one-byte varints decoded inline (a function
-call per field would cost more than the rest of the record).
+records read by the one record scanner (strom.records.scanner, in C) at the batch's first
+record.
 
 Batches a consumer must not see are skipped whole: control batches (transaction
 markers), batches emptied by the log cleaner, and under read_committed the batches of
@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 import crc32c
 
+from strom.records import scanner
 from strom.records.batch import (
     ATTRIBUTES,
     COMPRESSION_MASK,
@@ -38,7 +39,6 @@ from strom.records.batch import (
 from strom.records.codec import decode_batch
 from strom.records.compression import CompressionError, decompress
 from strom.records.control import ControlRecordType, decode_control_key
-from strom.records.varint import MAX_VARLONG_BYTES, VarintError, read_varint
 
 Header = tuple[str, bytes | None]
 
@@ -110,6 +110,7 @@ class FetchedBatch:
     (column by column, say): ``count`` records at ``payload[position:limit]``, CRC-checked
     and decompressed. Offsets are ``base_offset`` + each record's offset delta; records
     below ``min_offset`` were returned before (a compressed batch the broker sent whole).
+    The records are not checked yet: decoders hold them to strom.records.scanner's rules.
     Timestamps are ``base_timestamp`` + each record's delta, or ``base_timestamp`` itself
     when ``timestamp_type`` is 1 (LogAppendTime, the batch's max timestamp)."""
 
@@ -117,6 +118,7 @@ class FetchedBatch:
         "base_offset",
         "base_timestamp",
         "count",
+        "last_offset_delta",
         "leader_epoch",
         "limit",
         "min_offset",
@@ -136,6 +138,7 @@ class FetchedBatch:
         timestamp_type: int,
         leader_epoch: int | None,
         min_offset: int,
+        last_offset_delta: int,
     ) -> None:
         self.payload = payload
         self.position = position
@@ -146,6 +149,7 @@ class FetchedBatch:
         self.timestamp_type = timestamp_type
         self.leader_epoch = leader_epoch
         self.min_offset = min_offset
+        self.last_offset_delta = last_offset_delta
 
 
 def scan_batches(data: bytes, fetch_offset: int) -> tuple[int, int]:
@@ -186,7 +190,10 @@ class FetchedRecords:
         "_batch_next_offset",
         "_check_crcs",
         "_data",
+        "_decoded",
+        "_decoded_index",
         "_end",
+        "_last_offset_delta",
         "_leader_epoch",
         "_min_offset",
         "_payload",
@@ -239,6 +246,9 @@ class FetchedRecords:
         self._base_timestamp = 0
         self._timestamp_step = 1
         self._timestamp_type = 0
+        self._last_offset_delta = 0
+        self._decoded: list[tuple[int, int, bytes | None, bytes | None, tuple[Header, ...]]] | None = None
+        self._decoded_index = 0
         self._leader_epoch: int | None = None
         self._batch_next_offset = fetch_offset
         self.last_leader_epoch: int | None = None
@@ -280,6 +290,7 @@ class FetchedRecords:
                     self._timestamp_type,
                     self._leader_epoch,
                     self._min_offset,
+                    self._last_offset_delta,
                 )
             )
             taken += self._remaining
@@ -330,11 +341,14 @@ class FetchedRecords:
                 self._record_limit = batch_end
             else:
                 try:
+                    # Bounded: a bomb stops at compression.MAX_DECOMPRESSED_BATCH_BYTES.
                     self._payload = decompress(codec, memoryview(data)[position + HEADER_SIZE : batch_end])
                 except CompressionError as error:
                     raise InvalidBatchError(str(error), corrupt=True) from error
                 self._record_position = 0
                 self._record_limit = len(self._payload)
+            self._last_offset_delta = last_offset_delta
+            self._decoded = None
             self._remaining = records_count
             self._base_offset = base_offset
             if attributes & TIMESTAMP_TYPE_MASK:
@@ -369,168 +383,75 @@ class FetchedRecords:
     # -- records ----------------------------------------------------------------------------
 
     def _decode(self, out: list[ConsumerRecord], limit: int) -> None:
-        """Decode up to ``limit`` records of the current batch into ``out``."""
-        data = self._payload
-        position = self._record_position
-        remaining = self._remaining
+        """Decode up to ``limit`` records of the current batch into ``out``.
+
+        The scanner decodes the whole batch at its first record; later calls take from that.
+        """
+        decoded = self._decoded
+        if decoded is None:
+            try:
+                decoded = scanner.decode(
+                    self._payload,
+                    self._record_position,
+                    self._record_limit,
+                    self._remaining,
+                    self._last_offset_delta,
+                )
+            except scanner.RecordError as error:
+                raise InvalidBatchError(
+                    f"malformed record in batch at offset {self._base_offset}: {error}", corrupt=True
+                ) from error
+            self._decoded = decoded
+            self._decoded_index = 0
+        first = self._decoded_index
+        count = min(self._remaining, limit)
         base_offset = self._base_offset
         base_timestamp = self._base_timestamp
         step = self._timestamp_step
         timestamp_type = self._timestamp_type
         leader_epoch = self._leader_epoch
         min_offset = self._min_offset
-        limit_position = self._record_limit
         topic = self.topic
         partition = self.partition
         append = out.append
         record = ConsumerRecord
         new = object.__new__
         start = len(out)
-        count = min(remaining, limit)
-        timestamp = base_timestamp
-        try:
-            for _ in range(count):
-                # Each varint: one- and two-byte ones inline (zig-zag), longer ones through read_varint.
-                byte = data[position]
-                if byte < 0x80:
-                    length = (byte >> 1) ^ -(byte & 1)
-                    position += 1
-                elif data[position + 1] < 0x80:
-                    length = (byte & 0x7F) | (data[position + 1] << 7)
-                    length = (length >> 1) ^ -(length & 1)
-                    position += 2
-                else:
-                    length, position = read_varint(data, position)
-                record_end = position + length
-                if record_end > limit_position:  # a negative length fails the check after the fields
-                    raise InvalidBatchError(f"record length {length} runs past its batch", corrupt=True)
-                position += 1  # the unused attributes byte
-                byte = data[position]
-                if byte < 0x80:
-                    timestamp_delta = (byte >> 1) ^ -(byte & 1)
-                    position += 1
-                elif data[position + 1] < 0x80:
-                    timestamp_delta = (byte & 0x7F) | (data[position + 1] << 7)
-                    timestamp_delta = (timestamp_delta >> 1) ^ -(timestamp_delta & 1)
-                    position += 2
-                else:
-                    timestamp_delta, position = read_varint(data, position, MAX_VARLONG_BYTES)
-                byte = data[position]
-                if byte < 0x80:
-                    offset_delta = (byte >> 1) ^ -(byte & 1)
-                    position += 1
-                elif data[position + 1] < 0x80:
-                    offset_delta = (byte & 0x7F) | (data[position + 1] << 7)
-                    offset_delta = (offset_delta >> 1) ^ -(offset_delta & 1)
-                    position += 2
-                else:
-                    offset_delta, position = read_varint(data, position)
-                byte = data[position]
-                if byte < 0x80:
-                    size = (byte >> 1) ^ -(byte & 1)
-                    position += 1
-                elif data[position + 1] < 0x80:
-                    size = (byte & 0x7F) | (data[position + 1] << 7)
-                    size = (size >> 1) ^ -(size & 1)
-                    position += 2
-                else:
-                    size, position = read_varint(data, position)
-                if size >= 0:
-                    key: bytes | None = data[position : position + size]
-                    position += size
-                elif size == -1:
-                    key = None
-                else:
-                    raise InvalidBatchError(f"invalid key length {size}", corrupt=True)
-                byte = data[position]
-                if byte < 0x80:
-                    size = (byte >> 1) ^ -(byte & 1)
-                    position += 1
-                elif data[position + 1] < 0x80:
-                    size = (byte & 0x7F) | (data[position + 1] << 7)
-                    size = (size >> 1) ^ -(size & 1)
-                    position += 2
-                else:
-                    size, position = read_varint(data, position)
-                if size >= 0:
-                    value: bytes | None = data[position : position + size]
-                    position += size
-                elif size == -1:
-                    value = None
-                else:
-                    raise InvalidBatchError(f"invalid value length {size}", corrupt=True)
-                if data[position] == 0:
-                    headers: tuple[Header, ...] = ()
-                    position += 1
-                else:
-                    headers, position = read_headers(data, position, record_end)
-                if position != record_end:
-                    raise InvalidBatchError(
-                        f"record declares {length} bytes but its fields take {length + position - record_end}",
-                        corrupt=True,
-                    )
-                if step:
-                    timestamp = base_timestamp + timestamp_delta
-                # Setting the slots here is a third cheaper than calling __init__ with nine arguments.
-                built = new(record)
-                built.topic = topic
-                built.partition = partition
-                built.offset = base_offset + offset_delta
-                built.timestamp = timestamp
-                built.timestamp_type = timestamp_type
-                built.key = key
-                built.value = value
-                built.headers = headers
-                built.leader_epoch = leader_epoch
-                append(built)
-        except (IndexError, VarintError) as error:
-            raise InvalidBatchError(f"malformed record in batch: {error}", corrupt=True) from error
+        for offset_delta, timestamp_delta, key, value, headers in decoded[first : first + count]:
+            # Setting the slots here is a third cheaper than calling __init__ with nine arguments.
+            built = new(record)
+            built.topic = topic
+            built.partition = partition
+            built.offset = base_offset + offset_delta
+            built.timestamp = base_timestamp + timestamp_delta * step
+            built.timestamp_type = timestamp_type
+            built.key = key
+            built.value = value
+            built.headers = headers
+            built.leader_epoch = leader_epoch
+            append(built)
         if base_offset < min_offset:
             # A batch that starts before the fetch offset (a compressed batch the broker sent
             # whole): its records below it were returned before. Offsets rise within a batch.
-            first = start
-            while first < len(out) and out[first].offset < min_offset:
-                first += 1
-            del out[start:first]
-        remaining -= count
-        self._record_position = position
-        self._remaining = remaining
+            skip = start
+            while skip < len(out) and out[skip].offset < min_offset:
+                skip += 1
+            del out[start:skip]
+        self._decoded_index = first + count
+        self._remaining -= count
         if len(out) > start:
             self.next_offset = out[-1].offset + 1
             self.last_leader_epoch = leader_epoch
-        if not remaining:
-            if position != limit_position:
-                raise InvalidBatchError(
-                    f"{limit_position - position} bytes left after the batch's declared records", corrupt=True
-                )
+        if not self._remaining:
             # Past the batch's last offset even if the cleaner removed its last records.
             self.next_offset = max(self.next_offset, self._batch_next_offset)
             self._payload = b""
+            self._decoded = None
 
 
 def read_headers(data: bytes, position: int, limit: int) -> tuple[tuple[Header, ...], int]:
-    count, position = read_varint(data, position)
-    if count < 0:
-        raise InvalidBatchError(f"invalid header count {count}", corrupt=True)
-    headers: list[Header] = []
-    for _ in range(count):
-        size, position = read_varint(data, position)
-        if size < 0:
-            raise InvalidBatchError("record header with a null key", corrupt=True)
-        end = position + size
-        try:
-            key = data[position:end].decode()
-        except UnicodeDecodeError as error:
-            raise InvalidBatchError(f"record header key is not UTF-8: {error}", corrupt=True) from error
-        size, position = read_varint(data, end)
-        if size < 0:
-            if size != -1:
-                raise InvalidBatchError(f"invalid header value length {size}", corrupt=True)
-            value = None
-        else:
-            value = data[position : position + size]
-            position += size
-        if position > limit:
-            raise InvalidBatchError("record header runs past its record", corrupt=True)
-        headers.append((key, value))
-    return tuple(headers), position
+    """A record's header count and headers at ``position``; raises InvalidBatchError if malformed."""
+    try:
+        return scanner.read_headers(data, position, limit)
+    except scanner.RecordError as error:
+        raise InvalidBatchError(f"malformed record headers: {error}", corrupt=True) from error

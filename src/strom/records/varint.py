@@ -39,22 +39,6 @@ def write_varint(out: bytearray, value: int) -> None:
     out.append(unsigned)
 
 
-def read_varint_fast(buf: ByteIndexable, position: int, max_bytes: int = MAX_VARINT_BYTES) -> tuple[int, int]:
-    """``read_varint`` with one- and two-byte varints (values -8192..8191) decoded inline.
-
-    Those cover most lengths and deltas inside records, so the record codec's
-    per-record loops call this; it raises IndexError (not VarintError) at a buffer's end.
-    """
-    byte = buf[position]
-    if byte < 0x80:
-        return (byte >> 1) ^ -(byte & 1), position + 1
-    second = buf[position + 1]
-    if second < 0x80:
-        unsigned = (byte & 0x7F) | (second << 7)
-        return (unsigned >> 1) ^ -(unsigned & 1), position + 2
-    return read_varint(buf, position, max_bytes)
-
-
 def read_varint(buf: ByteIndexable, position: int, max_bytes: int = MAX_VARINT_BYTES) -> tuple[int, int]:
     """Decode the zig-zag varint at ``position``; return (value, position after it).
 

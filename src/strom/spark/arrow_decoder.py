@@ -8,8 +8,9 @@ vector operations, keys and values described as Arrow binary views over the fetc
 and copied once into Arrow's contiguous binary layout.
 Headers are decoded per record, and only when the source includes them.
 
-Corrupt records (a field running past its record, a record past its batch, a bad
-length) raise InvalidBatchError, as the consumer's own decoder does.
+Every batch is first walked by the record scanner (strom.records.scanner, in C), so this
+decoder rejects exactly what the consumer's own decoder rejects, with InvalidBatchError
+(tests/unit/spark/test_arrow_decoder_differential.py holds the two to each other).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from strom.records import scanner
 from strom.records.batch import InvalidBatchError
 from strom.records.reader import FetchedBatch, read_headers
 from strom.records.varint import MAX_VARLONG_BYTES, VarintError, read_varint
@@ -44,6 +46,11 @@ def decode_batches(
     Their payloads together must stay below 2 GiB (binary views address them with int32
     offsets); ``read_range`` hands over at most MAX_PAYLOAD bytes' worth at a time.
     """
+    for b in batches:
+        try:
+            scanner.check(b.payload, b.position, b.limit, b.count, b.last_offset_delta)
+        except scanner.RecordError as error:
+            raise InvalidBatchError(f"malformed record in batch at offset {b.base_offset}: {error}", corrupt=True) from error
     payload = b"".join(memoryview(b.payload)[b.position : b.limit] for b in batches)
     body_starts, ends = _walk(payload, batches)
     counts = [b.count for b in batches]

@@ -56,7 +56,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import struct
 import sys
 import threading
 import time
@@ -68,8 +67,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from strom.records import batch as rb
-from strom.records.compression import CompressionError, compress, decompress
-from strom.records.varint import MAX_VARLONG_BYTES, VarintError, read_varint_fast, write_varint
+from strom.records import scanner
+from strom.records.compression import CompressionError
+from strom.records.varint import write_varint
 from strom.storage.checkpoint import OffsetCheckpointFile, fsync_dir
 from strom.storage.errors import CorruptRecordError, KafkaStorageError, StorageError
 from strom.storage.index import OffsetIndex, TimeIndex
@@ -86,7 +86,6 @@ INT32_MAX = 0x7FFFFFFF
 MAP_ENTRY_OVERHEAD = 120
 # The header fields an empty batch keeps; no codec (Kafka writes empty headers uncompressed).
 _EMPTY_BATCH_ATTRIBUTES = rb.TIMESTAMP_TYPE_MASK | rb.TRANSACTIONAL_FLAG | rb.CONTROL_FLAG
-_CRC = struct.Struct(">I")
 # The worker thread pauses GIL_PAUSE_S after each GIL_SLICE_S of work (see _yield_gil).
 GIL_SLICE_S = 0.002
 GIL_PAUSE_S = 0.0002
@@ -214,8 +213,8 @@ class _CleanedSegment:
     size: int
 
 
-# A record as the cleaner parses it (a plain tuple: there are millions), and its fields' indexes.
-_ParsedRecord = tuple[int, int, int, int, int, int, bytes | None, bool]
+# A record as the scanner lays it out (a plain tuple: there are millions), and its fields' indexes.
+_ParsedRecord = scanner.RecordLayout
 _START: Final = 0  # where the record (its length varint) starts in the payload
 _BODY: Final = 1  # where its attributes byte is
 _AFTER_TIMESTAMP: Final = 2  # where its timestamp delta ends
@@ -687,22 +686,18 @@ class LogCleaner:
             os.close(fd)
 
     @staticmethod
-    def _records(header: rb.BatchHeader, view: memoryview) -> tuple[bytes, list[_ParsedRecord]]:
-        """The batch's (decompressed) record bytes and its parsed records; checks the CRC."""
-        if rb.compute_crc(view, 0, header.size) != header.crc:
-            raise CorruptRecordError(f"batch at offset {header.base_offset} fails its CRC")
-        codec = header.compression
-        if codec == rb.CompressionType.NONE:
-            data = bytes(view)
-            start = rb.HEADER_SIZE
-        else:
-            data = decompress(codec, view[rb.HEADER_SIZE :])
-            start = 0
-        return data, _parse_records(data, start, len(data), header.records_count, header.base_offset)
+    def _records(header: rb.BatchHeader, view: memoryview) -> tuple[scanner.BytesLike, list[_ParsedRecord]]:
+        """The batch's (decompressed) record bytes and its records, parsed by the record scanner;
+        checks the CRC."""
+        try:
+            data, start, end = scanner.batch_records(view, header, position=0)
+            return data, scanner.layout(data, start, end, header.records_count, header.last_offset_delta)
+        except (rb.InvalidBatchError, scanner.RecordError) as e:
+            raise CorruptRecordError(f"malformed batch at offset {header.base_offset}: {e}") from e
 
     def _filter_batch(
         self, rnd: _Round, header: rb.BatchHeader, view: memoryview
-    ) -> tuple[bytes | memoryview, int] | None:
+    ) -> tuple[bytes | bytearray | memoryview, int] | None:
         """The batch as it goes into the cleaned segment with its max timestamp, or None to drop it."""
         stats = rnd.stats
         latest = rnd.offset_map.latest_offset
@@ -771,7 +766,7 @@ class _SegmentWriter:
         self._time_entries: list[tuple[int, int]] = []
 
     def append(
-        self, data: bytes | memoryview, base_offset: int, last_offset: int, max_timestamp: int
+        self, data: bytes | bytearray | memoryview, base_offset: int, last_offset: int, max_timestamp: int
     ) -> None:
         # The same sparse indexing as LogSegment's appends.
         if max_timestamp > self._max_timestamp:
@@ -847,87 +842,33 @@ def _fsync_path(path: Path) -> None:
 # --- record-level encoding -----------------------------------------------------------------
 
 
-def _parse_records(data: bytes, position: int, end: int, count: int, base_offset: int) -> list[_ParsedRecord]:
-    """Each record's (start, body start, end of timestamp delta, end, offset delta, timestamp
-    delta, key, has value); raises CorruptRecordError for malformed records."""
-    records: list[_ParsedRecord] = []
-    append = records.append
-    try:
-        for _ in range(count):
-            start = position
-            length, position = read_varint_fast(data, position)
-            body = position
-            record_end = body + length
-            if length <= 0 or record_end > end:
-                raise ValueError(f"record length {length} runs past its batch")
-            timestamp_delta, position = read_varint_fast(data, body + 1, MAX_VARLONG_BYTES)
-            after_timestamp = position
-            offset_delta, position = read_varint_fast(data, position)
-            key_length, position = read_varint_fast(data, position)
-            key: bytes | None = None
-            if key_length >= 0:
-                key = data[position : position + key_length]
-                position += key_length
-            elif key_length != -1:
-                raise ValueError(f"invalid key length {key_length}")
-            value_length, position = read_varint_fast(data, position)
-            if value_length < -1 or position + max(value_length, 0) > record_end:
-                raise ValueError(f"invalid value length {value_length}")
-            append(
-                (
-                    start,
-                    body,
-                    after_timestamp,
-                    record_end,
-                    offset_delta,
-                    timestamp_delta,
-                    key,
-                    value_length >= 0,
-                )
-            )
-            position = record_end
-    except (IndexError, VarintError, ValueError) as e:
-        raise CorruptRecordError(f"malformed record in the batch at offset {base_offset}: {e}") from e
-    if position != end:
-        raise CorruptRecordError(
-            f"{end - position} bytes left after the records of the batch at offset {base_offset}"
-        )
-    return records
-
-
 def _assemble(
     header: rb.BatchHeader,
-    payload: bytes | bytearray,
+    records: bytes | bytearray,
     *,
     attributes: int,
     base_timestamp: int,
     max_timestamp: int,
     records_count: int,
-) -> bytes:
-    """A v2 batch with ``header``'s offsets, producer fields and leader epoch around ``payload``."""
-    buf = bytearray(
-        rb.HEADER_STRUCT.pack(
-            header.base_offset,
-            rb.HEADER_SIZE - rb.LOG_OVERHEAD + len(payload),
-            header.partition_leader_epoch,
-            2,
-            0,
-            attributes,
-            header.last_offset_delta,
-            base_timestamp,
-            max_timestamp,
-            header.producer_id,
-            header.producer_epoch,
-            header.base_sequence,
-            records_count,
-        )
+) -> bytearray:
+    """A v2 batch with ``header``'s offsets, producer fields and leader epoch around ``records``
+    (compressed with the codec in ``attributes``)."""
+    return scanner.assemble_batch(
+        records,
+        base_offset=header.base_offset,
+        partition_leader_epoch=header.partition_leader_epoch,
+        attributes=attributes,
+        last_offset_delta=header.last_offset_delta,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        records_count=records_count,
     )
-    buf += payload
-    _CRC.pack_into(buf, rb.CRC, rb.compute_crc(buf, 0, len(buf)))
-    return bytes(buf)
 
 
-def _empty_batch(header: rb.BatchHeader) -> bytes:
+def _empty_batch(header: rb.BatchHeader) -> bytearray:
     """The batch's header with no records: what a producer's state and offset ranges need of it."""
     return _assemble(
         header,
@@ -940,8 +881,8 @@ def _empty_batch(header: rb.BatchHeader) -> bytes:
 
 
 def _rebuild_batch(
-    header: rb.BatchHeader, data: bytes, kept: list[_ParsedRecord], horizon: int | None
-) -> tuple[bytes, int]:
+    header: rb.BatchHeader, data: scanner.BytesLike, kept: list[_ParsedRecord], horizon: int | None
+) -> tuple[bytearray, int]:
     """Re-encode a batch with only ``kept`` records (and a new delete horizon, if given)."""
     payload = bytearray()
     base_timestamp = header.base_timestamp
@@ -962,12 +903,10 @@ def _rebuild_batch(
         max_timestamp = header.max_timestamp
     else:
         max_timestamp = max(base_timestamp + record[_TIMESTAMP_DELTA] for record in kept)
-    codec = header.compression
-    encoded = payload if codec == rb.CompressionType.NONE else compress(codec, payload)
     attributes = header.attributes | (rb.DELETE_HORIZON_FLAG if horizon is not None else 0)
     batch = _assemble(
         header,
-        encoded,
+        payload,
         attributes=attributes,
         base_timestamp=base_timestamp if horizon is None else horizon,
         max_timestamp=max_timestamp,

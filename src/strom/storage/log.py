@@ -30,7 +30,6 @@ from strom.storage.errors import (
     CorruptRecordError,
     KafkaStorageError,
     OffsetOutOfRangeError,
-    RecordTooLargeError,
 )
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
 from strom.storage.log_config import LogConfig
@@ -44,12 +43,7 @@ from strom.storage.log_segment import (
     new_segment,
     next_offset_of_file,
 )
-from strom.storage.log_validator import (
-    parse_batches,
-    target_codec,
-    validate_client_batches,
-    validate_record_keys,
-)
+from strom.storage.log_validator import ValidatedRecords, analyze
 from strom.storage.producer_state import ProducerStateManager
 
 log = logging.getLogger(__name__)
@@ -428,24 +422,30 @@ class Log:
 
     # --- appending ------------------------------------------------------------------
 
+    def analyze_for_append(self, records: bytes | bytearray | memoryview) -> ValidatedRecords:
+        """Validate a client's record set (every record, see log_validator) and recompress it if
+        the topic asks. Reads only the config and the clock: safe on a worker thread."""
+        return analyze(records, self.config, self._time_ms(), f"{self.topic}-{self.partition}")
+
     @_log_dir_io
-    def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> LogAppendInfo:
-        """Validate a client's record set, assign offsets and append it.
+    def append_as_leader(
+        self,
+        records: bytes | bytearray | memoryview,
+        leader_epoch: int,
+        validated: ValidatedRecords | None = None,
+    ) -> LogAppendInfo:
+        """Validate a client's record set (unless ``validated`` is analyze_for_append's answer
+        for it), assign offsets and append it.
 
         A writable buffer (bytearray, writable memoryview) is rewritten in place;
         bytes are copied once.
         """
         self._check_open()
         config = self.config
-        headers = parse_batches(records, config.max_message_bytes)
+        if validated is None:
+            validated = self.analyze_for_append(records)
+        records, headers = validated.records, validated.headers
         now = self._time_ms()
-        validate_client_batches(headers, config, now)
-        if config.compact:
-            validate_record_keys(records, headers, f"{self.topic}-{self.partition}")
-        codec = target_codec(config)
-        if codec is not None and any(header.compression != codec for header in headers):
-            records, headers = self._recompress(records, codec)
-
         duplicate = self.producer_state.check_append(headers)
         log_append_time = now if config.message_timestamp_type == "LogAppendTime" else rb.NO_TIMESTAMP
         if duplicate is not None:
@@ -464,7 +464,7 @@ class Log:
         else:
             buf = bytearray(records)
         first_offset = next_offset = self.log_end_offset
-        assigned = []
+        assigned: list[rb.BatchHeader] = []
         record_count = 0
         max_timestamp = rb.NO_TIMESTAMP
         for header in headers:
@@ -473,6 +473,9 @@ class Log:
             rb.set_partition_leader_epoch(buf, position, leader_epoch)
             if log_append_time >= 0:
                 rb.set_log_append_time(buf, header, log_append_time)
+            elif validated.max_timestamps[len(assigned)] != header.max_timestamp:
+                # As Kafka, a CreateTime batch's maxTimestamp is its records' largest timestamp.
+                rb.set_max_timestamp(buf, header, validated.max_timestamps[len(assigned)])
             final = rb.read_header(buf, position)
             assigned.append(final)
             record_count += final.records_count
@@ -494,24 +497,6 @@ class Log:
             state.update(header, header.base_offset, header.max_timestamp)
         # flush.messages: the caller flushes (off the event loop) when flush_messages_due says so.
         return LogAppendInfo(first_offset, last_offset, log_append_time, self.log_start_offset, record_count)
-
-    def _recompress(
-        self, records: bytes | bytearray | memoryview, codec: int
-    ) -> tuple[bytes, list[rb.BatchHeader]]:
-        from strom.records.codec import recompress_batches
-
-        try:
-            recompressed = recompress_batches(records, codec)
-            headers = list(rb.iter_headers(recompressed))
-        except rb.InvalidBatchError as e:
-            raise CorruptRecordError(f"cannot recompress record batch: {e}") from e
-        for header in headers:
-            if header.size > self.config.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"the recompressed record batch size is {header.size} bytes which exceeds the maximum "
-                    f"configured value of {self.config.max_message_bytes}"
-                )
-        return recompressed, headers
 
     @_log_dir_io
     def roll(self) -> LogSegment:
@@ -660,7 +645,7 @@ class Log:
         self, segment: LogSegment, target: int, exact: bool = False
     ) -> TimestampAndOffset | None:
         """First record in ``segment`` at or after log start with timestamp >= target (== target if exact)."""
-        from strom.records.codec import decode_batch
+        from strom.records import scanner
 
         start = max(segment.time_index.lookup(target).offset, self.log_start_offset)
         position = segment.offset_index.lookup(start).position
@@ -675,14 +660,17 @@ class Log:
                     header.max_timestamp, max(header.base_offset, self.log_start_offset), epoch
                 )
             try:
-                records = decode_batch(batch.data, verify_crc=False).records
-            except rb.InvalidBatchError as e:
+                # Decompression is bounded (compression.MAX_DECOMPRESSED_BATCH_BYTES); the layout
+                # gives offsets and timestamps without copying values.
+                data, begin, end = scanner.batch_records(batch.data, header, verify_crc=False, position=0)
+                records = scanner.layout(data, begin, end, header.records_count, header.last_offset_delta)
+            except (rb.InvalidBatchError, scanner.RecordError) as e:
                 raise CorruptRecordError(f"cannot decode batch at offset {header.base_offset}: {e}") from e
             for record in records:
-                if record.offset >= self.log_start_offset and (
-                    record.timestamp == target if exact else record.timestamp >= target
-                ):
-                    return TimestampAndOffset(record.timestamp, record.offset, epoch)
+                offset = header.base_offset + record[4]
+                timestamp = header.base_timestamp + record[5]
+                if offset >= self.log_start_offset and (timestamp == target if exact else timestamp >= target):
+                    return TimestampAndOffset(timestamp, offset, epoch)
         return None
 
     def end_offset_for_epoch(self, requested_epoch: int) -> tuple[int, int]:

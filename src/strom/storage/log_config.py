@@ -411,7 +411,8 @@ _TOPIC_CONFIG_LIST = (
         T.INT,
         DEFAULT_MAX_MESSAGE_BYTES,
         Range(0),
-        "The largest record batch the topic accepts (after compression).",
+        "The largest record batch the topic accepts (after compression). A compressed batch may "
+        "decompress to at most its record count x this, and never past 64 MiB (or this, if larger).",
         _same("message.max.bytes", T.INT, DEFAULT_MAX_MESSAGE_BYTES, Range(0)),
     ),
     _topic(

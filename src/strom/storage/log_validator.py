@@ -1,13 +1,26 @@
 """LogValidator: the checks a leader applies to a client's record set before it is appended.
 
-Everything is decided from the 61-byte batch headers and one CRC-32C pass per
-batch; records are decoded only for compacted topics, whose records must have keys.
+As Kafka's LogValidator, every record of every batch is walked (by the C record scanner,
+strom.records.scanner): framing, lengths, varints, offset deltas, record count, the codec
+and a decompression bounded by the batch's record count and ``max.message.bytes``,
+per-record CreateTime timestamps against ``message.timestamp.{before,after}.max.ms``, keys
+on compacted topics. Kafka's codes: CORRUPT_MESSAGE for a CRC mismatch, a truncated batch or
+a payload that does not decompress (within its bound); INVALID_RECORD for malformed records
+in a CRC-valid batch (Kafka's DefaultRecord throws InvalidRecordException), bad batch
+headers, control batches and keyless records on compacted topics; INVALID_TIMESTAMP.
+
+``analyze`` is pure (it reads only its arguments), so a large or compressed record set can be
+validated on a worker thread while the event loop goes on (``needs_worker``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from strom.records import batch as rb
-from strom.records.codec import decode_batch
+from strom.records import scanner
+from strom.records.codec import recompress_batches
+from strom.records.compression import decompression_limit
 from strom.storage.errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -15,6 +28,11 @@ from strom.storage.errors import (
     RecordTooLargeError,
 )
 from strom.storage.log_config import LogConfig
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+# An uncompressed record set larger than this is validated on a worker thread too.
+WORKER_THRESHOLD_BYTES = 4 * 1024 * 1024
 
 # compression.type values that ask the broker to (re)compress, mapped to codec ids.
 _TARGET_CODECS = {"uncompressed": rb.CompressionType.NONE, **rb.CompressionType.NAMES}
@@ -55,11 +73,8 @@ def parse_batches(records: bytes | bytearray | memoryview, max_message_bytes: in
     return headers
 
 
-def validate_client_batches(headers: list[rb.BatchHeader], config: LogConfig, now_ms: int) -> None:
+def validate_client_batches(headers: list[rb.BatchHeader]) -> None:
     """Kafka's per-batch rules for appends coming from clients (LogValidator.validateBatch)."""
-    check_timestamps = config.message_timestamp_type == "CreateTime"
-    earliest = now_ms - config.message_timestamp_before_max_ms
-    latest = now_ms + config.message_timestamp_after_max_ms
     for index, header in enumerate(headers):
         problem = None
         if header.base_offset != 0:
@@ -79,35 +94,129 @@ def validate_client_batches(headers: list[rb.BatchHeader], config: LogConfig, no
             problem = f"invalid sequence number {header.base_sequence} for an idempotent producer"
         if problem is not None:
             raise InvalidRecordError(problem, [(index, problem)])
-        if check_timestamps:
-            for timestamp in (header.base_timestamp, header.max_timestamp):
-                if timestamp != rb.NO_TIMESTAMP and not earliest <= timestamp <= latest:
-                    message = (
-                        f"timestamp {timestamp} of a record is out of range: it must be within "
-                        f"[{earliest}, {latest}] (message.timestamp.before/after.max.ms)"
-                    )
-                    raise InvalidTimestampError(message, [(index, message)])
+        if header.timestamp_type == rb.TimestampType.LOG_APPEND_TIME:
+            message = "Invalid timestamp type in record batch: producers should not set LogAppendTime."
+            raise InvalidTimestampError(message, [(0, message)])
 
 
-def validate_record_keys(
-    records: bytes | bytearray | memoryview, headers: list[rb.BatchHeader], topic_partition: str
-) -> None:
+@dataclass(frozen=True, slots=True)
+class ValidatedRecords:
+    """A record set that passed ``analyze``: its bytes (recompressed if the topic asks for it),
+    batch headers, and each batch's largest record timestamp."""
+
+    records: bytes | bytearray | memoryview
+    headers: list[rb.BatchHeader]
+    max_timestamps: list[int]
+
+
+def needs_worker(records: bytes | bytearray | memoryview, config: LogConfig) -> bool:
+    """Whether ``analyze`` may take long enough to belong on a worker thread: a compressed batch
+    (its output is bounded but may be tens of MiB), a recompression, or a large record set.
+    Reads only the batch headers' framing; a malformed one answers False (it fails fast)."""
+    if len(records) > WORKER_THRESHOLD_BYTES:
+        return True
+    target = target_codec(config)
+    view = memoryview(records)
+    position = 0
+    end = len(view)
+    while end - position >= rb.HEADER_SIZE:
+        codec = view[position + rb.ATTRIBUTES + 1] & rb.COMPRESSION_MASK
+        if codec != rb.CompressionType.NONE or (target is not None and codec != target):
+            return True
+        size = int.from_bytes(view[position + rb.BATCH_LENGTH : position + rb.MAGIC], "big", signed=True)
+        if size < rb.HEADER_SIZE - rb.LOG_OVERHEAD:
+            return False
+        position += rb.LOG_OVERHEAD + size
+    return False
+
+
+def analyze(
+    records: bytes | bytearray | memoryview, config: LogConfig, now_ms: int, topic_partition: str
+) -> ValidatedRecords:
+    """Every check of a client's append, and the topic's recompression: raises a StorageError
+    carrying Kafka's code, or returns the record set as it is to be appended."""
+    headers = parse_batches(records, config.max_message_bytes)
+    validate_client_batches(headers)
+    check_timestamps = config.message_timestamp_type == "CreateTime"
+    earliest = max(_INT64_MIN, now_ms - config.message_timestamp_before_max_ms)
+    latest = min(_INT64_MAX, now_ms + config.message_timestamp_after_max_ms)
+    target = target_codec(config)
+    payloads: dict[int, tuple[scanner.BytesLike, int, int]] = {}
+    max_timestamps = []
+    for index, header in enumerate(headers):
+        try:
+            payload, start, end = scanner.batch_records(
+                records,
+                header,
+                verify_crc=False,  # parse_batches did
+                limit=decompression_limit(header.records_count, config.max_message_bytes),
+            )
+        except rb.InvalidBatchError as e:
+            if e.corrupt:
+                raise CorruptRecordError(f"record batch {index}: {e}") from e
+            raise InvalidRecordError(str(e), [(index, str(e))]) from e
+        try:
+            max_timestamp, keyless, out_of_range = scanner.validate(
+                payload, start, end, header, earliest, latest, check_timestamps, config.compact
+            )
+        except scanner.RecordError as e:
+            raise InvalidRecordError(f"record batch {index} is malformed: {e}") from e
+        if keyless:
+            _reject_keyless(keyless, topic_partition)
+        if out_of_range:
+            _reject_timestamps(out_of_range, header, earliest, latest)
+        max_timestamps.append(max_timestamp)
+        if target is not None and header.compression != rb.CompressionType.NONE:
+            payloads[header.position] = (payload, start, end)
+    if target is not None and any(header.compression != target for header in headers):
+        records, headers = _recompress(records, target, payloads, config.max_message_bytes)
+    return ValidatedRecords(records, headers, max_timestamps)
+
+
+def _reject_keyless(keyless: list[int], topic_partition: str) -> None:
     """Kafka's rule for compacted topics: every record needs a key (LogValidator.validateKey).
 
     As in Kafka, the first batch with keyless records fails the append with INVALID_RECORD
     and one record error per keyless record, indexed by its position in that batch.
     """
     message = f"Compacted topic cannot accept message without key in topic partition {topic_partition}."
+    errors = [(index, message) for index in keyless]
+    shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
+    raise InvalidRecordError(
+        f"One or more records have been rejected due to {len(errors)} record errors in total, "
+        f"and only showing the first three errors at most: [{shown}]",
+        errors,
+    )
+
+
+def _reject_timestamps(out_of_range: list[int], header: rb.BatchHeader, earliest: int, latest: int) -> None:
+    """Kafka's LogValidator.validateTimestamp, CreateTime: one record error per record out of range."""
+    errors = [
+        (
+            index,
+            f"Timestamp of message with offset delta {index} is out of range. The timestamp should be "
+            f"within [{earliest}, {latest}] (message.timestamp.before/after.max.ms)",
+        )
+        for index in out_of_range
+    ]
+    raise InvalidTimestampError("One or more records have been rejected due to invalid timestamp", errors)
+
+
+def _recompress(
+    records: bytes | bytearray | memoryview,
+    codec: int,
+    payloads: dict[int, tuple[scanner.BytesLike, int, int]],
+    max_message_bytes: int,
+) -> tuple[bytes, list[rb.BatchHeader]]:
+    try:
+        recompressed = recompress_batches(records, codec, payloads=payloads)
+        headers = list(rb.iter_headers(recompressed))
+    except rb.InvalidBatchError as e:
+        raise CorruptRecordError(f"cannot recompress record batch: {e}") from e
     for header in headers:
-        try:
-            batch = decode_batch(records, header.position, verify_crc=False)
-        except rb.InvalidBatchError as e:
-            raise CorruptRecordError(f"record batch at position {header.position} is malformed: {e}") from e
-        errors = [(index, message) for index, record in enumerate(batch.records) if record.key is None]
-        if errors:
-            shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
-            raise InvalidRecordError(
-                f"One or more records have been rejected due to {len(errors)} record errors in total, "
-                f"and only showing the first three errors at most: [{shown}]",
-                errors,
+        if header.size > max_message_bytes:
+            raise RecordTooLargeError(
+                f"the recompressed record batch size is {header.size} bytes which exceeds the maximum "
+                f"configured value of {max_message_bytes}"
             )
+    return recompressed, headers

@@ -1,7 +1,7 @@
 """Produce (0): append record batches to partition leaders.
 
-The handler never looks inside a batch: the log validates headers and CRCs and
-assigns offsets. With acks=0 nothing is answered; when such a produce fails the
+The handler never looks inside a batch: the log validates every record (on a worker
+thread when that may take long) and assigns offsets. With acks=0 nothing is answered; when such a produce fails the
 connection is closed, which is the producer's only signal (as in Kafka).
 """
 
