@@ -437,7 +437,7 @@ class Log:
         from strom.records.codec import recompress_batches
 
         try:
-            recompressed = recompress_batches(records, codec)
+            recompressed = recompress_batches(records, codec, level=self.config.compression_level)
             headers = list(rb.iter_headers(recompressed))
         except rb.InvalidBatchError as e:
             raise CorruptRecordError(f"cannot recompress record batch: {e}") from e
