@@ -381,6 +381,53 @@ def test_listener_seeks_and_commits_inside_its_callbacks(bootstrap: str, consume
     }
 
 
+def test_poll_shows_an_assignment_only_after_its_listener_ran(bootstrap: str, consumers: list[Consumer]) -> None:
+    """As in Kafka, where poll() runs the whole rebalance: after any poll(), the listener has seen the
+    assignment the consumer reports (on_partitions_assigned), and nothing is left of what it revoked."""
+    topic = new_topic(bootstrap, "listener-turn", partitions=2)
+    config = {"group.id": unique("listener-turn"), "partition.assignment.strategy": ["range"]}
+    first = strom_consumer(bootstrap, **config)
+    consumers.append(first)
+    listener = Recorder()
+    first.subscribe([topic], listener)
+    checked = 0
+
+    def poll_first() -> None:
+        nonlocal checked
+        first.poll(0.001)  # short polls: many chances to return in the middle of a rebalance
+        assignment = first.assignment()
+        last = listener.events[-1] if listener.events else None
+        if assignment:
+            assert last == ("assigned", assignment), listener.events
+        else:
+            assert last is None or last[0] != "assigned" or not last[1], listener.events
+        checked += 1
+
+    def poll_until_split(second: Consumer) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while len(first.assignment()) != 1 or len(second.assignment()) != 1:
+            assert time.monotonic() < deadline, "the partitions were not split"
+            poll_first()
+            second.poll(0.01)
+
+    deadline = time.monotonic() + TIMEOUT
+    while len(first.assignment()) != 2:
+        assert time.monotonic() < deadline, "first was not assigned both partitions"
+        poll_first()
+    for _ in range(2):  # a member joins (first revokes both, gets one) and leaves (first gets both)
+        second = strom_consumer(bootstrap, **config)
+        consumers.append(second)
+        second.subscribe([topic])
+        poll_until_split(second)
+        second.close()
+        deadline = time.monotonic() + TIMEOUT
+        while len(first.assignment()) != 2:
+            assert time.monotonic() < deadline, "first did not get both partitions back"
+            poll_first()
+    assert [kind for kind, _ in listener.events] == ["assigned", *["revoked", "assigned"] * 4]
+    assert checked > 10
+
+
 def test_auto_commit_covers_only_records_poll_returned(bootstrap: str, consumers: list[Consumer]) -> None:
     topic = new_topic(bootstrap, "returned")
     write(bootstrap, topic, [b"%d" % i for i in range(50)])

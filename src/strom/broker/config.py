@@ -219,29 +219,7 @@ _IMPLEMENTED = (
         Range(1024),
         "The most bytes one fetch response returns (KIP-541), whatever the request asks.",
     ),
-    # Single node: one replica is all the internal topics can have (Kafka's defaults are 3, 3 and 2).
-    _key(
-        "offsets.topic.replication.factor",
-        T.SHORT,
-        1,
-        Range(1),
-        "Replication factor of __consumer_offsets (Kafka's default: 3).",
-    ),
     _key("offsets.topic.num.partitions", T.INT, 50, Range(1), "Partitions of __consumer_offsets."),
-    _key(
-        "transaction.state.log.replication.factor",
-        T.SHORT,
-        1,
-        Range(1),
-        "Replication factor of __transaction_state (Kafka's default: 3).",
-    ),
-    _key(
-        "transaction.state.log.min.isr",
-        T.INT,
-        1,
-        Range(1),
-        "min.insync.replicas of __transaction_state (Kafka's default: 2).",
-    ),
     _key(
         "group.initial.rebalance.delay.ms",
         T.INT,
@@ -321,14 +299,6 @@ _IMPLEMENTED = (
         None,
         "The cleaner's read plus write rate limit.",
     ),
-    _key(
-        "num.recovery.threads.per.data.dir",
-        T.INT,
-        2,
-        Range(1),
-        "Threads per data directory for log recovery at startup.",
-        dynamic=True,
-    ),
 )
 
 
@@ -346,6 +316,37 @@ def _accepted(
 
 
 _ACCEPTED = (
+    # Single node: internal topics have one replica whatever these say; their defaults are 1 so that
+    # DescribeConfigs tells the truth (Kafka's defaults are 3, 3 and 2).
+    _accepted(
+        "offsets.topic.replication.factor",
+        T.SHORT,
+        1,
+        Range(1),
+        "Replication factor of __consumer_offsets (Kafka's default: 3; Strom keeps one replica).",
+    ),
+    _accepted(
+        "transaction.state.log.replication.factor",
+        T.SHORT,
+        1,
+        Range(1),
+        "Replication factor of __transaction_state (Kafka's default: 3; Strom has no such topic).",
+    ),
+    _accepted(
+        "transaction.state.log.min.isr",
+        T.INT,
+        1,
+        Range(1),
+        "min.insync.replicas of __transaction_state (Kafka's default: 2).",
+    ),
+    _accepted(
+        "num.recovery.threads.per.data.dir",
+        T.INT,
+        2,
+        Range(1),
+        "Threads per data directory for log recovery at startup (Strom recovers logs one at a time).",
+        dynamic=True,
+    ),
     _accepted(
         "num.network.threads",
         T.INT,
@@ -457,11 +458,9 @@ def _topic_default_keys() -> tuple[BrokerConfigDef, ...]:
     keys = []
     for name, (topic, synonym) in BROKER_SYNONYMS.items():
         doc = f"Broker default of the topic config {topic.name}: {topic.doc}"
-        # Tiered storage is not implemented; the local retention defaults only feed topic configs.
-        effect = not name.startswith("log.local.")
         keys.append(
             BrokerConfigDef(
-                name, synonym.type, synonym.default, synonym.validator, doc, synonym.dynamic, effect
+                name, synonym.type, synonym.default, synonym.validator, doc, synonym.dynamic, topic.effect
             )
         )
     return tuple(keys)
@@ -692,21 +691,18 @@ class KafkaConfig:
         self.log_message_timestamp_before_max_ms: int = defaults.message_timestamp_before_max_ms
         self.log_message_timestamp_after_max_ms: int = defaults.message_timestamp_after_max_ms
         self.log_cleanup_policy: list[str] = list(defaults.cleanup_policy)
-        self.log_preallocate: bool = defaults.preallocate
         self.message_max_bytes: int = defaults.max_message_bytes
         self.compression_type: str = defaults.compression_type
         self.compression_gzip_level: int = defaults.compression_gzip_level
         self.compression_lz4_level: int = defaults.compression_lz4_level
         self.compression_zstd_level: int = defaults.compression_zstd_level
         self.min_insync_replicas: int = defaults.min_insync_replicas
-        self.unclean_leader_election_enable: bool = defaults.unclean_leader_election_enable
 
         self.log_retention_check_interval_ms: int = self._int("log.retention.check.interval.ms")
         self.log_flush_scheduler_interval_ms: int = self._int("log.flush.scheduler.interval.ms")
         self.log_flush_offset_checkpoint_interval_ms: int = self._int(
             "log.flush.offset.checkpoint.interval.ms"
         )
-        self.num_recovery_threads_per_data_dir: int = self._int("num.recovery.threads.per.data.dir")
         self.socket_request_max_bytes: int = self._int("socket.request.max.bytes")
         self.socket_send_buffer_bytes: int = self._int("socket.send.buffer.bytes")
         self.socket_receive_buffer_bytes: int = self._int("socket.receive.buffer.bytes")
@@ -723,12 +719,7 @@ class KafkaConfig:
             raise ConfigError(
                 "max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides property is set."
             )
-        self.offsets_topic_replication_factor: int = self._int("offsets.topic.replication.factor")
         self.offsets_topic_num_partitions: int = self._int("offsets.topic.num.partitions")
-        self.transaction_state_log_replication_factor: int = self._int(
-            "transaction.state.log.replication.factor"
-        )
-        self.transaction_state_log_min_isr: int = self._int("transaction.state.log.min.isr")
         self.group_initial_rebalance_delay_ms: int = self._int("group.initial.rebalance.delay.ms")
         self.group_min_session_timeout_ms: int = self._int("group.min.session.timeout.ms")
         self.group_max_session_timeout_ms: int = self._int("group.max.session.timeout.ms")

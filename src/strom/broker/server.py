@@ -58,6 +58,18 @@ def raise_open_file_limit() -> int:
     return soft
 
 
+def set_socket_buffer_sizes(sock: socket.socket, send_bytes: int, receive_bytes: int) -> None:
+    """Kafka's socket.send/receive.buffer.bytes (-1: the OS default, autotuned on Linux).
+
+    Set on a listening socket, they hold for every connection it accepts (Linux and BSD copy a
+    listener's buffer sizes to accepted sockets, and the receive window is scaled from them).
+    """
+    if send_bytes != -1:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_bytes)
+    if receive_bytes != -1:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_bytes)
+
+
 class ProducerIdManager:
     """Hands out producer ids from blocks reserved durably in the control plane."""
 
@@ -149,6 +161,9 @@ class BrokerServer:
             )
             self._servers.append(server)
             for sock in server.sockets:
+                set_socket_buffer_sizes(
+                    sock, self.config.socket_send_buffer_bytes, self.config.socket_receive_buffer_bytes
+                )
                 self.bound_ports.append(sock.getsockname()[1])
         self._tasks = [
             loop.create_task(self._every(self.config.log_retention_check_interval_ms, self._retention)),

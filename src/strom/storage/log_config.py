@@ -238,12 +238,15 @@ class BrokerSynonym:
 
 @dataclass(frozen=True)
 class TopicConfigDef:
+    """A topic config. ``effect``: Strom acts on it; with False it is validated and described only."""
+
     name: str
     type: ConfigType
     default: Value
     validator: Validator | None
     doc: str
     synonyms: tuple[BrokerSynonym, ...] = ()
+    effect: bool = True
 
     @property
     def attribute(self) -> str:
@@ -267,8 +270,9 @@ def _topic(
     validator: Validator | None,
     doc: str,
     *synonyms: BrokerSynonym,
+    effect: bool = True,
 ) -> TopicConfigDef:
-    return TopicConfigDef(name, type_, default, validator, doc, synonyms)
+    return TopicConfigDef(name, type_, default, validator, doc, synonyms, effect)
 
 
 def _same(name: str, type_: ConfigType, default: Value, validator: Validator | None) -> BrokerSynonym:
@@ -365,7 +369,9 @@ _TOPIC_CONFIG_LIST = (
         T.LIST,
         (),
         ThrottledReplicas(),
-        "Replicas (partitionId:brokerId, or '*') whose follower fetches are throttled.",
+        "Replicas (partitionId:brokerId, or '*') whose follower fetches are throttled "
+        "(one node: no replication).",
+        effect=False,
     ),
     _topic(
         "index.interval.bytes",
@@ -380,7 +386,9 @@ _TOPIC_CONFIG_LIST = (
         T.LIST,
         (),
         ThrottledReplicas(),
-        "Replicas (partitionId:brokerId, or '*') whose leader-side replication is throttled.",
+        "Replicas (partitionId:brokerId, or '*') whose leader-side replication is throttled "
+        "(one node: no replication).",
+        effect=False,
     ),
     _topic(
         "local.retention.bytes",
@@ -389,6 +397,7 @@ _TOPIC_CONFIG_LIST = (
         Range(-2),
         "Tiered storage: local size limit; -2 means use retention.bytes.",
         _same("log.local.retention.bytes", T.LONG, -2, Range(-2)),
+        effect=False,
     ),
     _topic(
         "local.retention.ms",
@@ -397,6 +406,7 @@ _TOPIC_CONFIG_LIST = (
         Range(-2),
         "Tiered storage: local time limit; -2 means use retention.ms.",
         _same("log.local.retention.ms", T.LONG, -2, Range(-2)),
+        effect=False,
     ),
     _topic(
         "max.compaction.lag.ms",
@@ -468,8 +478,9 @@ _TOPIC_CONFIG_LIST = (
         T.BOOLEAN,
         False,
         None,
-        "Preallocate a new segment's file on disk.",
+        "Preallocate a new segment's file on disk (Strom's segment files grow as they are written).",
         _same("log.preallocate", T.BOOLEAN, False, None),
+        effect=False,
     ),
     _topic(
         "remote.log.copy.disable",
@@ -477,6 +488,7 @@ _TOPIC_CONFIG_LIST = (
         False,
         None,
         "Tiered storage: stop copying segments to remote storage.",
+        effect=False,
     ),
     _topic(
         "remote.log.delete.on.disable",
@@ -484,6 +496,7 @@ _TOPIC_CONFIG_LIST = (
         False,
         None,
         "Tiered storage: delete remote data when remote storage is turned off for the topic.",
+        effect=False,
     ),
     _topic(
         "remote.storage.enable",
@@ -491,6 +504,7 @@ _TOPIC_CONFIG_LIST = (
         False,
         None,
         "Tiered storage: move old segments to remote storage.",
+        effect=False,
     ),
     _topic(
         "retention.bytes",
@@ -549,8 +563,10 @@ _TOPIC_CONFIG_LIST = (
         T.BOOLEAN,
         False,
         None,
-        "Allow a replica outside the ISR to become leader, at the cost of losing data.",
+        "Allow a replica outside the ISR to become leader, at the cost of losing data "
+        "(one node: one replica).",
         _same("unclean.leader.election.enable", T.BOOLEAN, False, None),
+        effect=False,
     ),
 )
 
@@ -667,6 +683,17 @@ class LogConfig:
         """
         values = _effective_values(topic_overrides, broker or {})
         return cls(**{f.name: values[cls._BY_ATTRIBUTE[f.name]] for f in fields(cls)})  # type: ignore[arg-type]
+
+    @property
+    def compression_level(self) -> int | None:
+        """The level for recompressing to compression.type (KIP-390); None: the codec's default."""
+        if self.compression_type == "gzip":
+            return None if self.compression_gzip_level == -1 else self.compression_gzip_level
+        if self.compression_type == "lz4":
+            return self.compression_lz4_level
+        if self.compression_type == "zstd":
+            return self.compression_zstd_level
+        return None
 
     @property
     def compact(self) -> bool:

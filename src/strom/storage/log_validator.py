@@ -169,7 +169,7 @@ def analyze(
         if target is not None and header.compression != rb.CompressionType.NONE:
             payloads[header.position] = (payload, start, end)
     if target is not None and any(header.compression != target for header in headers):
-        records, headers = _recompress(records, target, payloads, config.max_message_bytes)
+        records, headers = _recompress(records, target, payloads, config)
     return ValidatedRecords(records, headers, max_timestamps)
 
 
@@ -206,10 +206,11 @@ def _recompress(
     records: bytes | bytearray | memoryview,
     codec: int,
     payloads: dict[int, tuple[scanner.BytesLike, int, int]],
-    max_message_bytes: int,
+    config: LogConfig,
 ) -> tuple[bytes, list[rb.BatchHeader]]:
+    max_message_bytes = config.max_message_bytes
     try:
-        recompressed = recompress_batches(records, codec, payloads=payloads)
+        recompressed = recompress_batches(records, codec, level=config.compression_level, payloads=payloads)
         headers = list(rb.iter_headers(recompressed))
     except rb.InvalidBatchError as e:
         raise CorruptRecordError(f"cannot recompress record batch: {e}") from e

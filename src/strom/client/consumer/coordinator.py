@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import datetime
 import enum
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -72,6 +73,19 @@ _COORDINATOR_ERRORS = frozenset({ErrorCode.coordinator_not_available, ErrorCode.
 _GENERATION_ERRORS = frozenset({ErrorCode.unknown_member_id, ErrorCode.illegal_generation})
 # JoinGroup/SyncGroup errors after which the member simply joins again.
 _REJOIN_ERRORS = _GENERATION_ERRORS | {ErrorCode.rebalance_in_progress}
+
+# One step of a rebalance on the caller's thread: a rebalance listener method and its partitions,
+# or (None, partitions) for the new assignment.
+_Step = tuple[str | None, set[TopicPartition]]
+
+
+class _ListenerFailed(Exception):
+    """A rebalance listener method raised ``cause``."""
+
+    def __init__(self, method: str, cause: Exception) -> None:
+        super().__init__(method, cause)
+        self.method = method
+        self.cause = cause
 
 
 class MemberState(enum.Enum):
@@ -443,16 +457,13 @@ class ConsumerCoordinator:
         owned = self.subscriptions.assigned_partitions()
         if not self.generation.is_valid:
             if owned:
-                await self._invoke_listener("on_partitions_lost", owned)
-                await self._caller.call(self._apply_assignment, set())
+                await self._rebalance_turn(("on_partitions_lost", owned), (None, set()))
         elif self.protocol is RebalanceProtocol.EAGER:
-            await self._invoke_listener("on_partitions_revoked", owned)
-            await self._caller.call(self._apply_assignment, set())
+            await self._rebalance_turn(("on_partitions_revoked", owned), (None, set()))
         else:
             gone = {tp for tp in owned if tp.topic not in self.subscriptions.subscription}
             if gone:
-                await self._invoke_listener("on_partitions_revoked", gone)
-                await self._caller.call(self._apply_assignment, owned - gone)
+                await self._rebalance_turn(("on_partitions_revoked", gone), (None, owned - gone))
 
     async def _on_join_complete(self, data: bytes) -> None:
         generation = self.generation
@@ -466,13 +477,8 @@ class ConsumerCoordinator:
         self.state = MemberState.STABLE
         self._start_heartbeat()
         owned = self.subscriptions.assigned_partitions()
-        if self.protocol is RebalanceProtocol.COOPERATIVE:
-            revoked = owned - assigned
-            if revoked:
-                await self._invoke_listener("on_partitions_revoked", revoked)
-                self.request_rejoin("partitions revoked: a follow-up rebalance assigns them")
+        revoked = owned - assigned if self.protocol is RebalanceProtocol.COOPERATIVE else set()
         added = assigned - owned
-        await self._caller.call(self._apply_assignment, assigned)
         self._assignor(generation.protocol_name).on_assignment(assignment, generation.generation_id)
         self.next_auto_commit = time.monotonic() + self.auto_commit_interval
         log.info(
@@ -482,7 +488,10 @@ class ConsumerCoordinator:
             generation.member_id,
             sorted(map(str, assigned)),
         )
-        await self._invoke_listener("on_partitions_assigned", added)
+        revoking: tuple[_Step, ...] = (("on_partitions_revoked", revoked),) if revoked else ()
+        await self._rebalance_turn(*revoking, (None, assigned), ("on_partitions_assigned", added))
+        if revoked:
+            self.request_rejoin("partitions revoked: a follow-up rebalance assigns them")
 
     def _apply_assignment(self, partitions: set[TopicPartition]) -> None:
         """On the caller's thread: the new assignment, without buffered data of partitions it drops."""
@@ -490,17 +499,78 @@ class ConsumerCoordinator:
         self.subscriptions.assign_from_subscribed(partitions)
         self._assignment_changed(dropped)
 
-    async def _invoke_listener(self, method: str, partitions: set[TopicPartition]) -> None:
+    async def _rebalance_turn(self, *steps: _Step) -> None:
+        """Run the listener calls and the assignment change of a rebalance as one piece of work of
+        the caller's thread, as Kafka runs them inside one poll().
+
+        Queued one by one, a poll() could return between them: showing the new assignment before
+        on_partitions_assigned ran (an application seeing it could commit or seek before the
+        listener's own seeks and commits), or handing out buffered records of partitions that
+        on_partitions_revoked already gave up. A listener that raises fails the consumer (its next
+        poll() raises); the steps after it still run.
+        """
+        try:
+            await self._caller.call(self._run_steps, steps)
+        except _ListenerFailed as failed:
+            log.error(
+                "group %s: rebalance listener %s failed", self.group_id, failed.method, exc_info=failed.cause
+            )
+            self._fail(KafkaException(f"rebalance listener {failed.method} raised {failed.cause!r}"))
+        except Exception as exc:  # a coroutine listener given to the synchronous Consumer
+            log.error("group %s: rebalance listener failed", self.group_id, exc_info=exc)
+            self._fail(KafkaException(f"rebalance listener raised {exc!r}"))
+
+    def _run_steps(self, steps: tuple[_Step, ...]) -> Awaitable[None] | None:
+        """On the caller's thread: the steps of a _rebalance_turn. When a listener method returns an
+        awaitable (AsyncConsumer), returns a coroutine that awaits it and finishes the steps."""
+        failures: list[_ListenerFailed] = []
+        for index, (method, partitions) in enumerate(steps):
+            pending = self._run_step(method, partitions, failures)
+            if pending is not None:
+                return self._finish_steps(pending, method or "", steps[index + 1 :], failures)
+        if failures:
+            raise failures[0]
+        return None
+
+    async def _finish_steps(
+        self,
+        pending: Awaitable[Any],
+        method: str,
+        rest: tuple[_Step, ...],
+        failures: list[_ListenerFailed],
+    ) -> None:
+        try:
+            await pending
+        except Exception as exc:
+            failures.append(_ListenerFailed(method, exc))
+        for next_method, partitions in rest:
+            step = self._run_step(next_method, partitions, failures)
+            if step is not None:
+                try:
+                    await step
+                except Exception as exc:
+                    failures.append(_ListenerFailed(next_method or "", exc))
+        if failures:
+            raise failures[0]
+
+    def _run_step(
+        self, method: str | None, partitions: set[TopicPartition], failures: list[_ListenerFailed]
+    ) -> Awaitable[Any] | None:
+        """One step: the new assignment (method None) or a listener call, whose failure is noted."""
+        if method is None:
+            self._apply_assignment(partitions)
+            return None
         listener = self.subscriptions.listener
         if listener is None:
-            return
+            return None
         if method == "on_partitions_lost" and not hasattr(listener, method):
             method = "on_partitions_revoked"  # a listener without it: lost partitions are revoked
         try:
-            await self._caller.call(getattr(listener, method), set(partitions))
+            result = getattr(listener, method)(set(partitions))
         except Exception as exc:
-            log.exception("group %s: rebalance listener %s failed", self.group_id, method)
-            self._fail(KafkaException(f"rebalance listener {method} raised {exc!r}"))
+            failures.append(_ListenerFailed(method, exc))
+            return None
+        return result if inspect.isawaitable(result) else None
 
     def on_metadata_update(self, cluster: Cluster) -> None:
         """The leader rejoins when a topic the group subscribes to appeared, went or changed its
@@ -650,8 +720,8 @@ class ConsumerCoordinator:
             owned = self.subscriptions.assigned_partitions()
             if owned:
                 lost = not self.generation.is_valid or self.state is not MemberState.STABLE
-                await self._invoke_listener("on_partitions_lost" if lost else "on_partitions_revoked", owned)
-                await self._caller.call(self._apply_assignment, set())
+                method = "on_partitions_lost" if lost else "on_partitions_revoked"
+                await self._rebalance_turn((method, owned), (None, set()))
         if self.coordinator_id is not None:
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
