@@ -52,6 +52,7 @@ from strom.client.admin import AdminClient, OffsetSpec
 from strom.client.cluster import TopicPartition
 from strom.client.errors import KafkaException, KafkaTimeoutError
 from strom.spark.committer import OffsetCommitter, consumer_group
+from strom.spark.offsets import CheckpointMismatchError, OffsetsFormatError, StreamOffset
 from strom.spark.options import (
     Assign,
     OptionError,
@@ -556,6 +557,8 @@ class PipelineRunner:
             running.status.update(state="stopped")
             return
         message = one_line(str(error))
+        if CheckpointMismatchError.__name__ in message:
+            message += f" (the stage's checkpoint: {running.status.path.parent})"
         running.status.update(state="failed", error=message)
         raise PipelineError(f"stage {running.stage.name!r} failed: {message}")
 
@@ -663,6 +666,23 @@ def _alive(pid: int, host: Any) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def checkpoint_cluster_id(checkpoint: Path) -> str | None:
+    """The id of the cluster a query's checkpoint was taken on: what its latest planned batch's
+    strom source offsets record (None if it has none, or no batch yet)."""
+    offsets = checkpoint / "offsets"
+    batches = [p for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
+    if not batches:
+        return None
+    latest = max(batches, key=lambda p: int(p.name))
+    # Spark's offset log: a version line, the batch's metadata, then one line per source.
+    for line in latest.read_text(errors="replace").splitlines()[2:]:
+        with contextlib.suppress(ValueError, OffsetsFormatError):
+            cluster = StreamOffset.from_json_dict(line).cluster_id
+            if cluster is not None:
+                return cluster
+    return None
 
 
 def _last_committed_batch(checkpoint: Path) -> int | None:
