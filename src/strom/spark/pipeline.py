@@ -624,12 +624,26 @@ def pipeline_status(
             else:
                 try:
                     report.lag = _lag(admin, stage, report.group)
+                    _check_cluster(report, admin, stage_checkpoint(checkpoint_dir, pipeline, stage))
                 except KafkaTimeoutError as error:
                     report.lag_error = unreachable = one_line(str(error))
                 except KafkaException as error:
                     report.lag_error = one_line(str(error))
             reports.append(report)
     return reports
+
+
+def _check_cluster(report: StageReport, admin: AdminClient, checkpoint: Path) -> None:
+    """Say so when the stage's checkpoint belongs to another cluster: a run would refuse it."""
+    taken_on = checkpoint_cluster_id(checkpoint)
+    if taken_on is None or report.error is not None:
+        return
+    cluster_id = admin.describe_cluster().cluster_id
+    if cluster_id and cluster_id != taken_on:
+        report.error = (
+            f"its checkpoint was taken on cluster {taken_on}, not on this one ({cluster_id}): a run would "
+            f"refuse it; delete {checkpoint} (or use another --checkpoint-dir) to start over here"
+        )
 
 
 def _report(pipeline: Pipeline, stage: Stage, checkpoint: Path) -> StageReport:
