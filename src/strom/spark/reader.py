@@ -150,6 +150,7 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now: PartitionOffsets | None = None
         # maxTriggerDelay counts from the last batch minOffsetsPerTrigger let through; the first never waits.
         self._last_trigger: float | None = None
+        self._planned: dict[str, Any] | None = None  # the end offset latestOffset last returned
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -199,7 +200,8 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end.update({tp: offset for tp, offset in current.items() if tp in existing and tp not in end})
         if not isinstance(limit, ReadAllAvailable):
             end = self._apply_limits(begin, end)
-        return self._stamp(end, cluster_id, topic_ids)
+        self._planned = self._stamp(end, cluster_id, topic_ids)
+        return self._planned
 
     def _apply_limits(self, begin: PartitionOffsets, end: PartitionOffsets) -> PartitionOffsets:
         backlog = {tp: max(0, end[tp] - begin.get(tp, end[tp])) for tp in end}
@@ -222,11 +224,16 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- planning -----------------------------------------------------------------------------
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        # A restarted query replays its last planned batch from the checkpoint: check it too.
-        cluster_id = self.offsets.cluster_id()
-        _, topic_ids = self.offsets.describe()
-        begin = self._checked(start, "start offset", cluster_id, topic_ids)
-        until = self._checked(end, "end offset", cluster_id, topic_ids)
+        if end == self._planned:
+            # The range latestOffset just returned, from a start it checked.
+            begin = StreamOffset.from_json_dict(start, "start offset").offsets
+            until = StreamOffset.from_json_dict(end, "end offset").offsets
+        else:
+            # A restarted query replays its last planned batch from the checkpoint: check it.
+            cluster_id = self.offsets.cluster_id()
+            _, topic_ids = self.offsets.describe()
+            begin = self._checked(start, "start offset", cluster_id, topic_ids)
+            until = self._checked(end, "end offset", cluster_id, topic_ids)
         fail = self.options.fail_on_data_loss
         for tp in sorted(set(begin) - set(until)):
             report_data_loss(fail, data_loss_message(tp, begin[tp], begin[tp] + 1, "the partition is gone"))
