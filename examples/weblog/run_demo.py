@@ -91,21 +91,28 @@ def create_topics(bootstrap: str) -> str:
 
 def keep_checkpoints_of(cluster_id: str, pipeline_dir: Path, bootstrap: str) -> None:
     """Move the pipeline's checkpoints aside if they were taken on another cluster: its source
-    would refuse them (their offsets mean nothing here), and the demo should just start over."""
+    would refuse them (their offsets mean nothing here), and the demo should just start over.
+    So are checkpoints with batches but no cluster id (written by an older Strom)."""
     from strom.spark.pipeline import checkpoint_cluster_id
 
     stages = [p for p in pipeline_dir.iterdir() if p.is_dir()] if pipeline_dir.is_dir() else []
-    others = {c for c in map(checkpoint_cluster_id, stages) if c is not None and c != cluster_id}
+    taken_on = {
+        checkpoint_cluster_id(stage) or "unknown"
+        for stage in stages
+        if any(batch.name.isdigit() for batch in (stage / "offsets").glob("*"))
+    }
+    others = taken_on - {cluster_id}
     if not others:
         return
     aside = pipeline_dir.with_name(f"{pipeline_dir.name}.cluster-{sorted(others)[0]}")
     shutil.rmtree(aside, ignore_errors=True)
     pipeline_dir.rename(aside)
-    print(
-        f"the pipeline's checkpoints were taken on another cluster than {bootstrap} (cluster {cluster_id}): "
-        f"moved them to {aside}; the pipeline starts over",
-        file=sys.stderr,
+    why = (
+        "were written by an older Strom (they name no cluster)"
+        if others == {"unknown"}
+        else f"were taken on another cluster than {bootstrap} (cluster {cluster_id})"
     )
+    print(f"the pipeline's checkpoints {why}: moved them to {aside}; the pipeline starts over", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
