@@ -1,7 +1,8 @@
 """A live chart of the weblog pipeline's output: index.html load-time percentiles per minute.
 
-It reads ``pageload_stats`` from the beginning and keeps following it, and serves an HTML page
+It reads ``weblog.pageload_stats`` from the beginning and keeps following it, and serves an HTML page
 with an inline SVG chart (no JavaScript, no dependencies) that reloads itself every few seconds.
+Load times are drawn on a log scale, so one slow minute's p99 does not flatten p50 and p90.
 
     python examples/weblog/chart.py --port 8000     # then open http://127.0.0.1:8000/
 """
@@ -19,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-TOPIC = "pageload_stats"
+TOPIC = "weblog.pageload_stats"
 SERIES = (("p50", "#1f77b4"), ("p90", "#ff7f0e"), ("p99", "#d62728"))
 WIDTH, HEIGHT = 960, 440
-LEFT, RIGHT, TOP, BOTTOM = 70, 60, 40, 50
+LEFT, RIGHT, TOP, BOTTOM = 90, 80, 40, 50
 
 
 class Windows:
@@ -96,6 +97,25 @@ def _nice_ceiling(value: float) -> float:
     return float(10 * power)
 
 
+def _nice_floor(value: float) -> float:
+    """1, 2 or 5 times a power of ten, at most ``value`` (which is > 0)."""
+    power = 10 ** math.floor(math.log10(value))
+    for step in (5, 2, 1):
+        if step * power <= value:
+            return float(step * power)
+    return float(power)
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """1, 2 and 5 times each power of ten from ``low`` to ``high``."""
+    ticks = []
+    power = 10 ** math.floor(math.log10(low))
+    while power <= high:
+        ticks += [step * power for step in (1, 2, 5) if low <= step * power <= high]
+        power *= 10
+    return ticks
+
+
 def render_svg(windows: Sequence[Mapping[str, Any]]) -> str:
     """The chart: one line per percentile over the windows' start times, the page loads per
     minute as bars behind them."""
@@ -120,21 +140,35 @@ def render_svg(windows: Sequence[Mapping[str, Any]]) -> str:
     def x(t: float) -> float:
         return LEFT + slot / 2 + (t - first) / span * (plot_w - slot) if last > first else LEFT + plot_w / 2
 
-    y_max = _nice_ceiling(max(float(w[name]) for w in windows for name, _ in SERIES))
+    # Load times on a log scale (a slow minute's p99 would flatten p50 and p90 on a linear one);
+    # page loads per minute on a linear scale of their own, on the right.
+    loads = [max(float(w[name]), 0.01) for w in windows for name, _ in SERIES]
+    y_min, y_max = _nice_floor(min(loads)), _nice_ceiling(max(loads))
+    if y_max <= y_min:
+        y_max = _nice_ceiling(y_min * 2)
     count_max = _nice_ceiling(max(int(w["count"]) for w in windows))
+    decades = math.log10(y_max) - math.log10(y_min)
 
     def y(ms: float) -> float:
-        return TOP + plot_h - ms / y_max * plot_h
+        return TOP + plot_h - (math.log10(max(ms, y_min)) - math.log10(y_min)) / decades * plot_h
 
-    for i in range(6):  # horizontal grid, load time on the left
-        value = y_max * i / 5
+    for value in _log_ticks(y_min, y_max):  # horizontal grid, load time on the left
         parts.append(
             f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#e4e4e4"/>'
         )
         parts.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{value:g} ms</text>')
-        parts.append(
-            f'<text x="{LEFT + plot_w + 6}" y="{y(value) + 4:.1f}" fill="#999">{count_max * i / 5:g}</text>'
-        )
+    for i in range(6):
+        level = TOP + plot_h - i / 5 * plot_h
+        parts.append(f'<text x="{LEFT + plot_w + 6}" y="{level + 4:.1f}" fill="#999">{count_max * i / 5:g}</text>')
+    middle = TOP + plot_h / 2
+    parts.append(
+        f'<text transform="translate({LEFT - 62},{middle:.1f}) rotate(-90)" text-anchor="middle">'
+        "load time (ms, log scale)</text>"
+    )
+    parts.append(
+        f'<text transform="translate({LEFT + plot_w + 52},{middle:.1f}) rotate(90)" text-anchor="middle" '
+        'fill="#999">page loads per minute (bars)</text>'
+    )
     bar = min(40.0, max(1.0, slot * 0.6))
     for t, w in zip(starts, windows, strict=True):
         height = int(w["count"]) / count_max * plot_h
@@ -179,7 +213,7 @@ def _hhmm(text: Any) -> str:
     return _moment(str(text)).astimezone(datetime.UTC).strftime("%H:%M")
 
 
-def render_page(windows: Sequence[Mapping[str, Any]], *, refresh: int) -> str:
+def render_page(windows: Sequence[Mapping[str, Any]], *, refresh: int, topic: str = TOPIC) -> str:
     rows = "\n".join(
         f"<tr><td>{html.escape(_hhmm(w['window_start']))}</td><td>{w['count']}</td>"
         + "".join(f"<td>{float(w[name]):.1f}</td>" for name, _ in SERIES)
@@ -196,7 +230,7 @@ def render_page(windows: Sequence[Mapping[str, Any]], *, refresh: int) -> str:
 <table><tr><th>minute (UTC)</th><th>loads</th>{"".join(f"<th>{n} ms</th>" for n, _ in SERIES)}</tr>
 {rows}
 </table>
-<p style="color:#999">from topic {TOPIC}; this page reloads every {refresh} s</p>
+<p style="color:#999">from topic {html.escape(topic)}; this page reloads every {refresh} s</p>
 </body></html>
 """
 
@@ -212,7 +246,7 @@ def serve(bootstrap: str, *, host: str, port: int, topic: str, refresh: int, sho
             if self.path not in ("/", "/index.html"):
                 self.send_error(404)
                 return
-            body = render_page(windows.latest(shown), refresh=refresh).encode()
+            body = render_page(windows.latest(shown), refresh=refresh, topic=topic).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-TOPIC = "access_log"
+TOPIC = "weblog.access_log"
 SITE = "https://www.example.com"
 MAX_LOAD_SECONDS = 10.0  # the server's timeout: no request takes longer
 # The closing event comes this long after the last window ends: past any watermark delay up to it.

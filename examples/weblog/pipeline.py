@@ -1,6 +1,8 @@
 """The weblog pipeline: access logs in, per-minute load-time percentiles of index.html out.
 
-    access_log --parse--> pageloads --stats--> pageload_stats
+    weblog.access_log --parse--> weblog.pageloads --stats--> weblog.pageload_stats
+
+(the topics have the pipeline's name as a prefix, apart from anyone else's topics on the broker).
 
 ``parse`` reads combined-format log lines that end with the service time in microseconds
 (``%D``), keeps successful ``GET``s of /index.html (any query string) and writes each as JSON
@@ -29,7 +31,7 @@ WATERMARK_DELAY = "30 seconds"
 pipeline = Pipeline("weblog")
 
 
-@pipeline.stage(source="access_log", sink="pageloads")
+@pipeline.stage(source="weblog.access_log", sink="weblog.pageloads")
 def parse(lines: DataFrame) -> DataFrame:
     line = F.col("value").cast("string")
 
@@ -60,8 +62,9 @@ def parse(lines: DataFrame) -> DataFrame:
 
 pipeline.sql(
     "stats",
-    source="pageloads",
-    sink="pageload_stats",
+    source="weblog.pageloads",
+    sink="weblog.pageload_stats",
+    view="pageloads",  # the SQL's name for the source
     query=f"""
         WITH loads AS (
             SELECT v.time AS time, v.load_ms AS load_ms

@@ -28,6 +28,7 @@ from strom.client import (
     RecordMetadata,
     TopicPartition,
 )
+from strom.spark.offsets import StreamOffset
 
 Position = tuple[str, int, int]  # topic, partition, offset
 
@@ -256,8 +257,5 @@ def checkpoint_offsets(checkpoint: Path) -> dict[int, str]:
 
 
 def parse_offsets(text: str) -> dict[TopicPartition, int]:
-    return {
-        TopicPartition(topic, int(p)): offset
-        for topic, partitions in json.loads(text).items()
-        for p, offset in partitions.items()
-    }
+    """A checkpointed source offset's positions (without the cluster and topic ids it carries)."""
+    return StreamOffset.from_json_dict(text).offsets

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from brokerproc import BrokerProcess
 from spark.spark_util import create_topic, read_topic
 from strom.cli.main import main
 from strom.cli.pipeline import default_checkpoint_dir
@@ -367,3 +368,40 @@ def test_stage_failures_are_one_line(
     stages = status_json(strom, str(path), *checkpoints)
     assert stages["check"]["state"] == "failed"
     assert "refusing: the quick brown fox 13" in stages["check"]["error"]
+
+
+def test_checkpoints_of_another_cluster_are_refused_in_one_line(
+    bootstrap: str, spark: SparkSession, strom: Strom, tmp_path: Path
+) -> None:
+    """A pipeline run on one broker, then pointed at a second one with a fresh data folder (another
+    cluster, the same topics): the run stops with one line naming the stage's checkpoint and what
+    to do, not a data-loss error; status says so before anyone runs it."""
+    path = words_pipeline(bootstrap, tmp_path, "moving")
+    checkpoints = tmp_path / "checkpoints"
+    first = strom("pipeline", "run", str(path), "--once", "--checkpoint-dir", str(checkpoints), "--bootstrap-server", bootstrap)
+    assert first.code == 0, first.err
+    with BrokerProcess(tmp_path / "other-broker", overrides={"num.partitions": "1"}) as other:
+        words_pipeline(other.bootstrap, tmp_path, "moving")
+        where = ("--checkpoint-dir", str(checkpoints), "--bootstrap-server", other.bootstrap)
+        with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+            first_cluster = admin.describe_cluster().cluster_id
+        with AdminClient({"bootstrap.servers": other.bootstrap}) as admin:
+            other_cluster = admin.describe_cluster().cluster_id
+
+        before = status_json(strom, str(path), *where)
+        split = checkpoints / "moving" / "split"
+        assert before["split"]["error"] == (
+            f"its checkpoint was taken on cluster {first_cluster}, not on this one ({other_cluster}): "
+            f"a run would refuse it; delete {split} (or use another --checkpoint-dir) to start over here"
+        )
+
+        result = strom("pipeline", "run", str(path), "--once", *where)
+        assert result.code == 1
+        assert result.err.count("\n") == 1, result.err
+        assert "error: stage 'split' failed: " in result.err
+        assert (
+            f"CheckpointMismatchError: the query's checkpoint was taken on Kafka cluster {first_cluster}, "
+            f"but {other.bootstrap} is cluster {other_cluster}" in result.err
+        )
+        assert f"(the stage's checkpoint: {split})" in result.err
+        assert "failOnDataLoss" not in result.err

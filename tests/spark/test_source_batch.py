@@ -25,11 +25,10 @@ from spark.spark_util import (
     assert_exactly_once,
     assert_rows_are_self_consistent,
     create_topic,
-    offsets_json,
     produce,
     read_batch,
 )
-from strom.client import RecordMetadata, TopicPartition
+from strom.client import RecordMetadata
 
 SOURCE_SCHEMA = StructType(
     [
@@ -114,26 +113,35 @@ def test_an_empty_range_reads_nothing(
     assert df.collect() == []
 
 
-def test_partitions_an_offsets_option_does_not_name_read_from_earliest_to_latest(
-    bootstrap: str, spark: SparkSession, ranged: list[RecordMetadata]
+@pytest.mark.parametrize(
+    ("option", "value", "missing"),
+    [
+        ("startingOffsets", {"ranged": {"1": 25}}, "ranged-0, ranged-2"),
+        ("endingOffsets", {"ranged": {"0": 3, "1": -1}}, "ranged-2"),
+        ("startingOffsetsByTimestamp", {"ranged": {"0": 0, "2": 0}}, "ranged-1"),
+    ],
+)
+def test_offsets_json_must_name_every_partition_read(
+    bootstrap: str,
+    spark: SparkSession,
+    ranged: list[RecordMetadata],
+    option: str,
+    value: dict[str, dict[str, int]],
+    missing: str,
 ) -> None:
-    rows = (
-        read_batch(
-            spark,
-            bootstrap,
-            subscribe="ranged",
-            startingOffsets=offsets_json({TopicPartition("ranged", 1): 25}),
-            endingOffsets=offsets_json({TopicPartition("ranged", 0): 3}),
-        )
-        .load()
-        .collect()
-    )
-    expected = [
-        m
-        for m in ranged
-        if (m.partition == 0 and m.offset < 3) or (m.partition == 1 and m.offset >= 25) or m.partition == 2
-    ]
-    assert_exactly_once(rows, expected)
+    """As Spark's connector asserts: JSON offsets (or timestamps) name exactly the partitions the
+    source reads, -2/-1 for earliest/latest; no partition is silently read from an edge."""
+    with pytest.raises(PySparkException) as refused:
+        read_batch(spark, bootstrap, subscribe="ranged", **{option: json.dumps(value)}).load().collect()
+    lines = [line for line in str(refused.value).splitlines() if "OffsetLookupError:" in line]
+    assert len(lines) == 1, str(refused.value)
+    assert f"option '{option}' must name every partition the source reads, and no other " in lines[0]
+    assert f"it does not name {missing})" in lines[0], lines[0]
+    # A partition of a topic the source does not read is refused too.
+    every = json.dumps({"ranged": {"0": -2, "1": -2, "2": -2}, "other": {"0": 0}})
+    with pytest.raises(PySparkException) as refused:
+        read_batch(spark, bootstrap, subscribe="ranged", startingOffsets=every).load().collect()
+    assert "the source does not read other-0" in str(refused.value)
 
 
 def test_timestamp_range_returns_exactly_those_records(bootstrap: str, spark: SparkSession) -> None:

@@ -19,6 +19,7 @@ from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from brokerproc import BrokerProcess
 from spark.spark_util import (
     assert_exactly_once,
     assert_rows_are_self_consistent,
@@ -181,3 +182,41 @@ def test_batch_read_of_lost_offsets(bootstrap: str, spark: SparkSession, how: Ho
 
 def _an_hour_ago() -> int:
     return int(time.time() * 1000) - HOUR_MS
+
+
+def test_a_checkpoint_from_another_cluster_is_refused_not_taken_for_data_loss(
+    bootstrap: str, spark: SparkSession, tmp_path: Path
+) -> None:
+    """The checkpoint of a query that read 20 records, reused against a second broker with a
+    fresh log dir (another cluster) whose topic of the same name holds 5: the offsets there
+    would look like data loss; the query is refused in one line that says what to do instead."""
+    topic = "moved"
+    create_topic(bootstrap, topic, 1)
+    first = produce(bootstrap, topic, READ, partition=0)
+    read_the_first_records(spark, bootstrap, tmp_path, topic, first, fail="true")
+    with BrokerProcess(tmp_path / "other-broker", overrides={"num.partitions": "1"}) as other:
+        create_topic(other.bootstrap, topic, 1)
+        produce(other.bootstrap, topic, KEPT, partition=0)
+        ids = {}
+        for name, server in (("first", bootstrap), ("other", other.bootstrap)):
+            with AdminClient({"bootstrap.servers": server}) as admin:
+                ids[name] = admin.describe_cluster().cluster_id
+        assert ids["first"] != ids["other"]
+        df = read_stream(spark, other.bootstrap, subscribe=topic, startingOffsets="earliest").load()
+        query = to_parquet(df, tmp_path, available_now=True)
+        try:
+            with pytest.raises(StreamingQueryException) as failed:
+                query.awaitTermination(120)
+        finally:
+            query.stop()
+    message = str(failed.value)
+    assert "failOnDataLoss" not in message and "Data loss" not in message, message
+    lines = [line for line in message.splitlines() if "CheckpointMismatchError:" in line]
+    assert len(lines) == 1, message
+    assert lines[0].strip() == (
+        f"strom.spark.offsets.CheckpointMismatchError: the query's checkpoint was taken on Kafka cluster "
+        f"{ids['first']}, but {other.bootstrap} is cluster {ids['other']}: its offsets mean nothing there. "
+        "Give the query a new checkpointLocation (or delete the old checkpoint) to start over, "
+        "or point it at the cluster the checkpoint belongs to."
+    )
+    assert_exactly_once(output(spark, tmp_path), first)  # nothing from the other cluster was written

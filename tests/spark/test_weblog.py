@@ -108,10 +108,10 @@ def expected_windows(lines: list[str]) -> dict[float, dict[str, float]]:
 
 
 def produce_log(bootstrap: str, lines: list[str]) -> None:
-    create_topic(bootstrap, "access_log", 3)
+    create_topic(bootstrap, "weblog.access_log", 3)
     with Producer({"bootstrap.servers": bootstrap, "linger.ms": 5}) as producer:
         for line in lines:
-            producer.send("access_log", line.encode(), key=line.split(" ", 1)[0].encode())
+            producer.send("weblog.access_log", line.encode(), key=line.split(" ", 1)[0].encode())
 
 
 def values(bootstrap: str, topic: str) -> list[bytes]:
@@ -142,8 +142,8 @@ def assert_groups_caught_up(bootstrap: str) -> None:
     """Each stage's consumer group has committed the end offset of every source partition."""
     with AdminClient({"bootstrap.servers": bootstrap}) as admin:
         for group, topic in (
-            ("strom-spark-weblog.parse", "access_log"),
-            ("strom-spark-weblog.stats", "pageloads"),
+            ("strom-spark-weblog.parse", "weblog.access_log"),
+            ("strom-spark-weblog.stats", "weblog.pageloads"),
         ):
             partitions = [
                 TopicPartition(topic, p.partition) for p in admin.describe_topics([topic])[topic].partitions
@@ -192,8 +192,8 @@ def test_weblog_pipeline_computes_every_window(
 
     expected = expected_windows(lines)
     assert len(expected) == 5
-    assert_stats_match(stats_by_window(values(bootstrap, "pageload_stats")), expected)
-    assert len(values(bootstrap, "pageloads")) == len(page_loads(lines))
+    assert_stats_match(stats_by_window(values(bootstrap, "weblog.pageload_stats")), expected)
+    assert len(values(bootstrap, "weblog.pageloads")) == len(page_loads(lines))
     assert_groups_caught_up(bootstrap)
     for stage in ("parse", "stats"):
         status = json.loads((checkpoints / "weblog" / stage / "strom-status.json").read_text())
@@ -201,10 +201,11 @@ def test_weblog_pipeline_computes_every_window(
 
 
 def test_chart_shows_every_window(bootstrap: str, lines: list[str]) -> None:
-    """After the pipeline test: the chart follows pageload_stats and draws each window."""
+    """After the pipeline test: the chart follows weblog.pageload_stats and draws each window, load
+    times on a log scale (left axis) and page loads per minute on a linear one (right axis)."""
     windows = chart.Windows()
     stop = threading.Event()
-    reader = threading.Thread(target=chart.follow, args=(bootstrap, "pageload_stats", windows, stop))
+    reader = threading.Thread(target=chart.follow, args=(bootstrap, "weblog.pageload_stats", windows, stop))
     reader.start()
     try:
         deadline = time.monotonic() + 20
@@ -220,6 +221,15 @@ def test_chart_shows_every_window(bootstrap: str, lines: list[str]) -> None:
     page = chart.render_page(shown, refresh=5)
     assert page.count("<circle") == 3 * len(expected)
     assert page.count("<polyline") == 3
+    assert "load time (ms, log scale)</text>" in page and "page loads per minute (bars)</text>" in page
+    # Log scale: each 1-2-5 gridline step is a constant ratio, so equal ratios are equal distances.
+    marks = {float(v): float(y) for y, v in re.findall(r'<text x="\d+" y="([\d.]+)" text-anchor="end">([\d.]+) ms<', page)}
+    assert len(marks) >= 3, marks
+    decades = [(lo, lo * 10) for lo in marks if lo * 10 in marks]
+    assert decades, marks
+    spans = [marks[lo] - marks[hi] for lo, hi in decades]
+    assert min(spans) > 0 and max(spans) - min(spans) < 0.5, (marks, decades)
+    assert "from topic weblog.pageload_stats;" in page
     assert '<meta http-equiv="refresh" content="5">' in page
     first = shown[0]
     assert f"<td>12:00</td><td>{first['count']}</td><td>{first['p50']:.1f}</td>" in page
@@ -291,7 +301,7 @@ def test_local_cluster_runs_the_weblog_pipeline_with_the_shipped_package(
         try:
             assert result.returncode == 0, result.stderr[-3000:]
             assert_stats_match(
-                stats_by_window(values(broker.bootstrap, "pageload_stats")), expected_windows(lines)
+                stats_by_window(values(broker.bootstrap, "weblog.pageload_stats")), expected_windows(lines)
             )
             assert_groups_caught_up(broker.bootstrap)
         finally:

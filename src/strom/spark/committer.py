@@ -15,6 +15,12 @@ progress event is delivered. Commits run in order on a thread of their own, so a
 that does not answer never holds up Spark's listener bus; once a query's termination
 event has gone through that thread, its last batch has been committed (``wait_for``).
 
+The JVM delivers listener events asynchronously, through py4j callbacks into this process.
+A script that ends right after its query does (``awaitTermination``) would exit before the
+termination event arrives, and the JVM would log a py4j stack trace for the callback into a
+Python that is gone; ``close`` (run at exit) lets the events already posted through, finishes
+their commits and unregisters the listener first.
+
 The group is ``kafka.group.id`` if the source has one, else ``<groupIdPrefix>-<query
 name>``, else ``<groupIdPrefix>-<hash of the checkpoint location>``: stable across
 restarts of the same query.
@@ -24,10 +30,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +50,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from strom.client.admin import AdminClient
 from strom.client.consumer import OffsetAndMetadata
-from strom.spark.offsets import from_json_dict
+from strom.spark.offsets import StreamOffset
 from strom.spark.options import SourceOptions, parse_source_options
 from strom.spark.source import SOURCE_NAME
 
@@ -83,6 +89,27 @@ class OffsetCommitter(StreamingQueryListener):
     def wait_for(self, query: StreamingQuery, timeout: float = 30.0) -> bool:
         """After the query stopped: wait until its last batch's offsets are committed."""
         return self._event(str(query.runId)).wait(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Before the driver's Python exits: deliver the listener events the JVM has posted
+        (an ended query's last progress and termination), finish their commits, and stop
+        listening, so that no callback reaches this process once it is gone. A no-op once
+        the session has stopped: stopping drains the listener bus."""
+        context = self._spark.sparkContext
+        if context._jsc is None:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            context._jsc.sc().listenerBus().waitUntilEmpty(int(timeout * 1000))
+        except Exception as error:  # a timeout, or a JVM already going away
+            log.debug("listener events not all delivered before exit: %s", error)
+        drained = threading.Event()
+        self._work.put(drained.set)
+        drained.wait(max(0.0, deadline - time.monotonic()))
+        try:
+            self._spark.streams.removeListener(self)
+        except Exception as error:
+            log.debug("could not unregister the offset committer: %s", error)
 
     # -- listener events (the listener bus thread, in order) ------------------------------------
 
@@ -165,7 +192,7 @@ class OffsetCommitter(StreamingQueryListener):
             self._work.get()()
 
     def _commit(self, query: str, source: _StromSource, end_offset: str) -> None:
-        offsets = from_json_dict(json.loads(end_offset), "end offset")
+        offsets = StreamOffset.from_json_dict(end_offset, "end offset").offsets
         config = source.options.client_config("admin")
         key = tuple(sorted(config.items()))
         admin = self._admins.get(key)

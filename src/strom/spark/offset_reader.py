@@ -44,27 +44,36 @@ class OffsetReader:
     def partitions(self) -> set[TopicPartition]:
         """The partitions the source reads now: assigned ones, or every partition of the
         subscribed topics (that exist) or of the topics matching the pattern."""
+        return self.describe()[0]
+
+    def describe(self) -> tuple[set[TopicPartition], dict[str, str]]:
+        """The partitions the source reads now, and the ids of the existing topics they are in."""
         strategy = self.options.strategy
-        if isinstance(strategy, Assign):
-            return set(strategy.partitions)
         existing = set(self.admin.list_topics())
-        if isinstance(strategy, Subscribe):
+        if isinstance(strategy, Assign):
+            topics = sorted({tp.topic for tp in strategy.partitions} & existing)
+        elif isinstance(strategy, Subscribe):
             topics = [t for t in strategy.topics if t in existing]
         else:
             pattern = re.compile(strategy.pattern)
             topics = sorted(t for t in existing if pattern.fullmatch(t))
-        if not topics:
-            return set()
         try:
-            descriptions = self.admin.describe_topics(topics)
+            descriptions = self.admin.describe_topics(topics) if topics else {}
         except KafkaException:
             # A topic deleted between the two calls: the next trigger looks again.
-            return set()
-        return {
+            descriptions = {}
+        ids = {name: str(d.topic_id) for name, d in descriptions.items() if d.topic_id is not None}
+        if isinstance(strategy, Assign):
+            return set(strategy.partitions), ids
+        partitions = {
             TopicPartition(name, info.partition)
             for name, description in descriptions.items()
             for info in description.partitions
         }
+        return partitions, ids
+
+    def cluster_id(self) -> str | None:
+        return self.admin.describe_cluster().cluster_id
 
     def earliest(self, partitions: Iterable[TopicPartition]) -> PartitionOffsets:
         return self._list(dict.fromkeys(partitions, OffsetSpec.earliest()))
@@ -78,35 +87,27 @@ class OffsetReader:
     ) -> PartitionOffsets:
         """Offsets for ``partitions`` per a starting or ending spec.
 
-        Partitions a specific-offsets spec does not name start at the earliest offset
-        (end at the latest), as in Spark's connector.
+        A spec of offsets or timestamps per partition must name exactly the partitions the
+        source reads, as in Spark's connector (-2 and -1 say earliest and latest).
         """
         wanted = sorted(set(partitions))
+        if limit.kind in ("offsets", "timestamps"):
+            given_tps = {tp for tp, _ in (limit.offsets if limit.kind == "offsets" else limit.timestamps)}
+            if given_tps != set(wanted):
+                raise OffsetLookupError(_not_all_partitions(limit.kind, starting, given_tps, wanted))
         if limit.kind == "earliest":
             return self.earliest(wanted)
         if limit.kind == "latest":
             return self.latest(wanted)
         if limit.kind == "offsets":
-            given = dict(limit.offsets)
-            default = EARLIEST if starting else LATEST
-            specs = {tp: given.get(tp, default) for tp in wanted}
+            specs = dict(limit.offsets)
             out = {tp: offset for tp, offset in specs.items() if offset >= 0}
             earliest = [tp for tp, offset in specs.items() if offset == EARLIEST]
             latest = [tp for tp, offset in specs.items() if offset == LATEST]
             out.update(self.earliest(earliest))
             out.update(self.latest(latest))
             return out
-        if limit.kind == "timestamp":
-            timestamps = dict.fromkeys(wanted, limit.timestamp)
-            out = {}
-        else:
-            given = dict(limit.timestamps)
-            missing = [tp for tp in wanted if tp not in given]
-            if missing and starting:
-                names = ", ".join(map(str, missing))
-                raise OffsetLookupError(f"startingOffsetsByTimestamp names no timestamp for {names}")
-            timestamps = {tp: given[tp] for tp in wanted if tp in given}
-            out = self.latest(missing)  # ending: partitions without a timestamp read to the end
+        timestamps = dict.fromkeys(wanted, limit.timestamp) if limit.kind == "timestamp" else dict(limit.timestamps)
         results = self.admin.list_offsets(
             {tp: OffsetSpec.for_timestamp(ts) for tp, ts in timestamps.items()},
             isolation_level=self._isolation,
@@ -118,7 +119,7 @@ class OffsetReader:
                 f"no offset matched the starting timestamp for {names}: no record at or after it. "
                 "Set startingOffsetsByTimestampStrategy to 'latest' to start such partitions at the end"
             )
-        out.update({tp: result.offset for tp, result in results.items() if result.offset >= 0})
+        out = {tp: result.offset for tp, result in results.items() if result.offset >= 0}
         out.update(self.latest(unmatched))
         return out
 
@@ -131,3 +132,24 @@ class OffsetReader:
             return {}
         results = self.admin.list_offsets(specs, isolation_level=self._isolation)
         return {tp: result.offset for tp, result in results.items()}
+
+
+def _not_all_partitions(
+    kind: str, starting: bool, given: set[TopicPartition], assigned: list[TopicPartition]
+) -> str:
+    option = ("starting" if starting else "ending") + ("Offsets" if kind == "offsets" else "OffsetsByTimestamp")
+    missing = sorted(set(assigned) - given)
+    extra = sorted(given - set(assigned))
+    what = "; ".join(
+        part
+        for part in (
+            f"it does not name {', '.join(map(str, missing))}" if missing else "",
+            f"the source does not read {', '.join(map(str, extra))}" if extra else "",
+        )
+        if part
+    )
+    hint = " Use -1 for latest, -2 for earliest." if kind == "offsets" else ""
+    return (
+        f"option '{option}' must name every partition the source reads, and no other ({what}).{hint} "
+        f"Specified: {', '.join(map(str, sorted(given)))}; assigned: {', '.join(map(str, assigned)) or 'none'}"
+    )

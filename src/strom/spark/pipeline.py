@@ -52,6 +52,7 @@ from strom.client.admin import AdminClient, OffsetSpec
 from strom.client.cluster import TopicPartition
 from strom.client.errors import KafkaException, KafkaTimeoutError
 from strom.spark.committer import OffsetCommitter, consumer_group
+from strom.spark.offsets import CheckpointMismatchError, OffsetsFormatError, StreamOffset
 from strom.spark.options import (
     Assign,
     OptionError,
@@ -556,6 +557,8 @@ class PipelineRunner:
             running.status.update(state="stopped")
             return
         message = one_line(str(error))
+        if CheckpointMismatchError.__name__ in message:
+            message += f" (the stage's checkpoint: {running.status.path.parent})"
         running.status.update(state="failed", error=message)
         raise PipelineError(f"stage {running.stage.name!r} failed: {message}")
 
@@ -621,12 +624,26 @@ def pipeline_status(
             else:
                 try:
                     report.lag = _lag(admin, stage, report.group)
+                    _check_cluster(report, admin, stage_checkpoint(checkpoint_dir, pipeline, stage))
                 except KafkaTimeoutError as error:
                     report.lag_error = unreachable = one_line(str(error))
                 except KafkaException as error:
                     report.lag_error = one_line(str(error))
             reports.append(report)
     return reports
+
+
+def _check_cluster(report: StageReport, admin: AdminClient, checkpoint: Path) -> None:
+    """Say so when the stage's checkpoint belongs to another cluster: a run would refuse it."""
+    taken_on = checkpoint_cluster_id(checkpoint)
+    if taken_on is None or report.error is not None:
+        return
+    cluster_id = admin.describe_cluster().cluster_id
+    if cluster_id and cluster_id != taken_on:
+        report.error = (
+            f"its checkpoint was taken on cluster {taken_on}, not on this one ({cluster_id}): a run would "
+            f"refuse it; delete {checkpoint} (or use another --checkpoint-dir) to start over here"
+        )
 
 
 def _report(pipeline: Pipeline, stage: Stage, checkpoint: Path) -> StageReport:
@@ -663,6 +680,23 @@ def _alive(pid: int, host: Any) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def checkpoint_cluster_id(checkpoint: Path) -> str | None:
+    """The id of the cluster a query's checkpoint was taken on: what its latest planned batch's
+    strom source offsets record (None if it has none, or no batch yet)."""
+    offsets = checkpoint / "offsets"
+    batches = [p for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
+    if not batches:
+        return None
+    latest = max(batches, key=lambda p: int(p.name))
+    # Spark's offset log: a version line, the batch's metadata, then one line per source.
+    for line in latest.read_text(errors="replace").splitlines()[2:]:
+        with contextlib.suppress(ValueError, OffsetsFormatError):
+            cluster = StreamOffset.from_json_dict(line).cluster_id
+            if cluster is not None:
+                return cluster
+    return None
 
 
 def _last_committed_batch(checkpoint: Path) -> int | None:

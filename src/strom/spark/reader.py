@@ -30,7 +30,7 @@ from pyspark.sql.streaming.datasource import (
 
 from strom.client.cluster import TopicPartition
 from strom.spark.offset_reader import OffsetReader
-from strom.spark.offsets import PartitionOffsets, from_json_dict, to_json_dict
+from strom.spark.offsets import PartitionOffsets, StreamOffset, check_origin
 from strom.spark.options import SourceOptions
 from strom.spark.partition_reader import (
     OffsetRangePartition,
@@ -150,12 +150,26 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now: PartitionOffsets | None = None
         # maxTriggerDelay counts from the last batch minOffsetsPerTrigger let through; the first never waits.
         self._last_trigger: float | None = None
+        self._planned: dict[str, Any] | None = None  # the end offset latestOffset last returned
 
     # -- offsets ------------------------------------------------------------------------------
 
-    def initialOffset(self) -> dict[str, dict[str, int]]:
-        tps = self.offsets.partitions()
-        return to_json_dict(self.offsets.resolve(self.options.starting, tps, starting=True))
+    def initialOffset(self) -> dict[str, Any]:
+        tps, topic_ids = self.offsets.describe()
+        start = self.offsets.resolve(self.options.starting, tps, starting=True)
+        return self._stamp(start, self.offsets.cluster_id(), topic_ids)
+
+    def _stamp(self, offsets: PartitionOffsets, cluster_id: str | None, topic_ids: dict[str, str]) -> dict[str, Any]:
+        """The checkpoint form of ``offsets``, with the ids of the cluster and topics they are in."""
+        topics = {tp.topic for tp in offsets}
+        ids = {topic: topic_id for topic, topic_id in topic_ids.items() if topic in topics}
+        return StreamOffset(offsets, cluster_id, ids).to_json_dict()
+
+    def _checked(self, value: Any, what: str, cluster_id: str | None, topic_ids: dict[str, str]) -> PartitionOffsets:
+        """A checkpointed offset's positions, once it is known to belong to this cluster and its topics."""
+        offset = StreamOffset.from_json_dict(value, what)
+        check_origin(offset, cluster_id, topic_ids, self.options.bootstrap_servers)
+        return offset.offsets
 
     def getDefaultReadLimit(self) -> ReadLimit:
         # Python has no composite limit; latestOffset applies both options whenever any limit is asked for.
@@ -168,9 +182,11 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = self.offsets.latest(self.offsets.partitions())
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
-        current = from_json_dict(start, "start offset")
-        existing = self.offsets.partitions()
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        # Before anything else: offsets from another cluster must not be taken for data loss.
+        cluster_id = self.offsets.cluster_id()
+        existing, topic_ids = self.offsets.describe()
+        current = self._checked(start, "start offset", cluster_id, topic_ids)
         begin = dict(current)
         new = existing - set(current)
         if new:
@@ -184,7 +200,8 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end.update({tp: offset for tp, offset in current.items() if tp in existing and tp not in end})
         if not isinstance(limit, ReadAllAvailable):
             end = self._apply_limits(begin, end)
-        return to_json_dict(end)
+        self._planned = self._stamp(end, cluster_id, topic_ids)
+        return self._planned
 
     def _apply_limits(self, begin: PartitionOffsets, end: PartitionOffsets) -> PartitionOffsets:
         backlog = {tp: max(0, end[tp] - begin.get(tp, end[tp])) for tp in end}
@@ -207,8 +224,16 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- planning -----------------------------------------------------------------------------
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        begin = from_json_dict(start, "start offset")
-        until = from_json_dict(end, "end offset")
+        if end == self._planned:
+            # The range latestOffset just returned, from a start it checked.
+            begin = StreamOffset.from_json_dict(start, "start offset").offsets
+            until = StreamOffset.from_json_dict(end, "end offset").offsets
+        else:
+            # A restarted query replays its last planned batch from the checkpoint: check it.
+            cluster_id = self.offsets.cluster_id()
+            _, topic_ids = self.offsets.describe()
+            begin = self._checked(start, "start offset", cluster_id, topic_ids)
+            until = self._checked(end, "end offset", cluster_id, topic_ids)
         fail = self.options.fail_on_data_loss
         for tp in sorted(set(begin) - set(until)):
             report_data_loss(fail, data_loss_message(tp, begin[tp], begin[tp] + 1, "the partition is gone"))

@@ -8,6 +8,7 @@ package as a zip through ``addPyFile``; they need Spark >= 4.2 and Strom's depen
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import tempfile
@@ -42,6 +43,7 @@ def register(spark: SparkSession) -> OffsetCommitter:
         committer = OffsetCommitter(spark)
         spark.streams.addListener(committer)
         _committers[spark] = committer
+        atexit.register(committer.close)
     return committer
 
 

@@ -10,7 +10,13 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
 from strom.client.cluster import TopicPartition
-from strom.spark.offsets import OffsetsFormatError, from_json_dict, to_json_dict
+from strom.spark.offsets import (
+    CheckpointMismatchError,
+    OffsetsFormatError,
+    StreamOffset,
+    from_json_dict,
+    to_json_dict,
+)
 from strom.spark.options import parse_source_options
 from strom.spark.partition_reader import DataLossError
 from strom.spark.reader import StromStreamReader, _apportion, plan_partitions
@@ -87,9 +93,17 @@ class ScriptedOffsets:
     def __init__(self) -> None:
         self.log_start: dict[TopicPartition, int] = {}
         self.log_end: dict[TopicPartition, int] = {}
+        self.cluster = "cluster-1"
+        self.topic_ids = {"a": "id-a", "b": "id-b"}
 
     def partitions(self) -> set[TopicPartition]:
         return set(self.log_end)
+
+    def describe(self) -> tuple[set[TopicPartition], dict[str, str]]:
+        return set(self.log_end), {t: i for t, i in self.topic_ids.items() if any(tp.topic == t for tp in self.log_end)}
+
+    def cluster_id(self) -> str:
+        return self.cluster
 
     def earliest(self, tps: object) -> dict[TopicPartition, int]:
         return {tp: self.log_start.get(tp, 0) for tp in tps}  # type: ignore[attr-defined]
@@ -99,6 +113,10 @@ class ScriptedOffsets:
 
     def close(self) -> None:
         pass
+
+
+def positions(offset: dict[str, object]) -> dict[TopicPartition, int]:
+    return StreamOffset.from_json_dict(offset).offsets
 
 
 def reader(offsets: ScriptedOffsets, **extra: str) -> StromStreamReader:
@@ -113,9 +131,9 @@ def test_latest_offset_applies_max_offsets_per_trigger() -> None:
     stream = reader(offsets, maxOffsetsPerTrigger="100")
     assert stream.getDefaultReadLimit() == ReadMaxRows(100)
     start = to_json_dict({A0: 0, A1: 0})
-    assert from_json_dict(stream.latestOffset(start, ReadMaxRows(100))) == {A0: 75, A1: 25}
+    assert positions(stream.latestOffset(start, ReadMaxRows(100))) == {A0: 75, A1: 25}
     # The engine's ReadAllAvailable (Trigger.Once) overrides the option.
-    assert from_json_dict(stream.latestOffset(start, ReadAllAvailable())) == {A0: 300, A1: 100}
+    assert positions(stream.latestOffset(start, ReadAllAvailable())) == {A0: 300, A1: 100}
 
 
 def test_min_offsets_per_trigger_waits_up_to_max_trigger_delay(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,15 +145,15 @@ def test_min_offsets_per_trigger_waits_up_to_max_trigger_delay(monkeypatch: pyte
     assert stream.getDefaultReadLimit() == ReadMinRows(50)
     start = to_json_dict({A0: 0})
     # The first trigger never waits; after it, fewer than 50 new records mean no batch.
-    assert from_json_dict(stream.latestOffset(start, ReadMinRows(50))) == {A0: 10}
+    assert positions(stream.latestOffset(start, ReadMinRows(50))) == {A0: 10}
     offsets.log_end = {A0: 30}
-    assert from_json_dict(stream.latestOffset(to_json_dict({A0: 10}), ReadMinRows(50))) == {A0: 10}
+    assert positions(stream.latestOffset(to_json_dict({A0: 10}), ReadMinRows(50))) == {A0: 10}
     offsets.log_end = {A0: 60}
-    assert from_json_dict(stream.latestOffset(to_json_dict({A0: 10}), ReadMinRows(50))) == {A0: 60}
+    assert positions(stream.latestOffset(to_json_dict({A0: 10}), ReadMinRows(50))) == {A0: 60}
     monkeypatch.undo()
     impatient = reader(offsets, minOffsetsPerTrigger="50", maxTriggerDelay="0ms")
     impatient.latestOffset(to_json_dict({A0: 0}), ReadMinRows(50))
-    assert from_json_dict(impatient.latestOffset(to_json_dict({A0: 59}), ReadMinRows(50))) == {A0: 60}
+    assert positions(impatient.latestOffset(to_json_dict({A0: 59}), ReadMinRows(50))) == {A0: 60}
 
 
 def test_new_partitions_start_at_earliest_and_available_now_caps() -> None:
@@ -144,11 +162,11 @@ def test_new_partitions_start_at_earliest_and_available_now_caps() -> None:
     stream = reader(offsets)
     stream.prepareForTriggerAvailableNow()
     offsets.log_end = {A0: 20, A1: 5}  # more records, and a partition added after the target
-    end = from_json_dict(stream.latestOffset(to_json_dict({A0: 0}), ReadAllAvailable()))
+    end = positions(stream.latestOffset(to_json_dict({A0: 0}), ReadAllAvailable()))
     assert end == {A0: 10}
     free = reader(offsets)
     offsets.log_start = {A1: 2}
-    end = from_json_dict(free.latestOffset(to_json_dict({A0: 0}), ReadAllAvailable()))
+    end = positions(free.latestOffset(to_json_dict({A0: 0}), ReadAllAvailable()))
     assert end == {A0: 20, A1: 5}
     parts = free.partitions(to_json_dict({A0: 0}), to_json_dict(end))
     ranges = {p.offset_range.tp: (p.offset_range.from_offset, p.offset_range.until_offset) for p in parts}
@@ -169,3 +187,36 @@ def test_partitions_report_data_loss() -> None:
     # A partition that disappeared (its topic deleted) is data loss too.
     with pytest.raises(DataLossError, match=r"Data loss in b-0: .*the partition is gone"):
         strict.partitions(to_json_dict({A0: 100, B0: 3}), to_json_dict({A0: 100}))
+
+
+def test_offsets_carry_the_cluster_and_topic_ids_and_another_cluster_is_refused() -> None:
+    offsets = ScriptedOffsets()
+    offsets.log_end = {A0: 100, B0: 5}
+    stream = reader(offsets)
+    end = stream.latestOffset(to_json_dict({A0: 0}), ReadAllAvailable())
+    assert end == {"a": {"0": 100}, "b": {"0": 5}, "@cluster": "cluster-1", "@topicIds": {"a": "id-a", "b": "id-b"}}
+    assert stream.latestOffset(end, ReadAllAvailable()) == end  # stable: Spark compares offsets as text
+    # Checkpointed offsets without ids (written before they carried them) are taken as they are.
+    assert positions(stream.latestOffset(to_json_dict({A0: 0}), ReadAllAvailable())) == {A0: 100, B0: 5}
+
+    # The same checkpoint against another cluster (a broker with a fresh log dir on the same port),
+    # whose log ends before the checkpointed positions: refused, not reported as data loss.
+    offsets.cluster = "cluster-2"
+    offsets.log_end = {A0: 3, B0: 0}
+    strict = reader(offsets)
+    for call in (
+        lambda: strict.latestOffset(end, ReadAllAvailable()),
+        lambda: strict.partitions(end, end),
+    ):
+        with pytest.raises(CheckpointMismatchError) as refused:
+            call()
+        message = str(refused.value)
+        assert "taken on Kafka cluster cluster-1, but 127.0.0.1:1 is cluster cluster-2" in message
+        assert "new checkpointLocation" in message and "failOnDataLoss" not in message
+        assert "\n" not in message
+
+    # A topic deleted and created again since: refused too, naming the topic.
+    offsets.cluster = "cluster-1"
+    offsets.topic_ids = {"a": "id-a2", "b": "id-b"}
+    with pytest.raises(CheckpointMismatchError, match=r"topic 'a' was deleted and created again .*id-a then, id-a2 now"):
+        reader(offsets).latestOffset(end, ReadAllAvailable())
