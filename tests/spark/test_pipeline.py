@@ -301,7 +301,7 @@ def test_pipeline_file_errors_are_one_line(strom: Strom, tmp_path: Path, body: s
     for command in ("run", "status"):
         result = strom("pipeline", command, str(path), "--checkpoint-dir", str(tmp_path / "ck"))
         assert result.code == 1
-        assert result.err.count("\n") == 1 and result.err.startswith("strom: error: "), result.err
+        assert result.err.count("\n") == 1 and result.err.startswith(f"strom pipeline {command}: error: "), result.err
         assert message in result.err
 
 
@@ -317,7 +317,7 @@ def test_errors_are_one_line_on_the_real_stderr(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert result.stderr == (
-        f"strom: error: {path}:1: ModuleNotFoundError: No module named 'no_such_module_here'\n"
+        f"strom pipeline run: error: {path}:1: ModuleNotFoundError: No module named 'no_such_module_here'\n"
     )
 
 
@@ -342,7 +342,7 @@ def test_stage_failures_are_one_line(
     result = strom("pipeline", "run", str(path), "--once", *checkpoints)
     assert result.code == 1
     assert result.err.count("\n") == 1, result.err
-    assert result.err.startswith("strom: error: stage 'pick': AnalysisException: [UNRESOLVED_COLUMN")
+    assert result.err.startswith("strom pipeline run: error: stage 'pick': AnalysisException: [UNRESOLVED_COLUMN")
 
     # A stage that fails while running: the query's error, and the status records it.
     path = _pipeline_file(
@@ -363,7 +363,7 @@ def test_stage_failures_are_one_line(
     result = strom("pipeline", "run", str(path), "--once", *checkpoints)
     assert result.code == 1
     assert result.err.count("\n") == 1, result.err
-    assert result.err.startswith("strom: error: stage 'check' failed: ")
+    assert result.err.startswith("strom pipeline run: error: stage 'check' failed: ")
     assert "refusing: the quick brown fox 13 jumps over the lazy dog 6" in result.err
     stages = status_json(strom, str(path), *checkpoints)
     assert stages["check"]["state"] == "failed"
