@@ -124,7 +124,7 @@ def test_a_second_broker_on_a_locked_log_dir_exits_at_once_touching_nothing(tmp_
             result = serve(first.data_dir, port)
             assert result.returncode == 1, result
             assert time.monotonic() - started < 15
-            errors = [line for line in result.stderr.splitlines() if line.startswith("strom:")]
+            errors = [line for line in result.stderr.splitlines() if line.startswith("strom serve: error:")]
             assert len(errors) == 1 and "in use by another process" in errors[0], result.stderr
             assert "recovered log" not in result.stdout + result.stderr  # nothing was replayed
             assert snapshot(first.data_dir) == before

@@ -84,7 +84,7 @@ def test_port_in_use_is_one_line(tmp_path: Path) -> None:
         )
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("strom: ")
+    assert result.stderr.strip().splitlines()[-1].startswith("strom serve: error: ")
 
 
 def test_sigterm_and_sigint_shut_down_cleanly(tmp_path: Path) -> None:

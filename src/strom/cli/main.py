@@ -116,10 +116,10 @@ def serve(args: argparse.Namespace) -> int:
         properties = load_properties(args.config) if args.config else {}
         config = KafkaConfig.from_sources(properties, dict(args.override))
     except ConfigError as exc:
-        print(f"strom: {exc}", file=sys.stderr)
+        print(f"strom serve: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"strom: cannot read {args.config}: {exc.strerror}", file=sys.stderr)
+        print(f"strom serve: error: cannot read {args.config}: {exc.strerror}", file=sys.stderr)
         return 2
     from strom.broker.allocator import keep_large_buffers_on_heap
     from strom.storage import StorageError
@@ -134,7 +134,7 @@ def serve(args: argparse.Namespace) -> int:
             runner.run(_serve(config))
     except (OSError, StorageError) as exc:
         # Typically the listener's port is taken, or another broker holds the log dirs: one line.
-        print(f"strom: {exc}", file=sys.stderr)
+        print(f"strom serve: error: {exc}", file=sys.stderr)
         return 1
     return 0
 
