@@ -10,6 +10,7 @@ otherwise.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import random
 import subprocess
@@ -21,7 +22,7 @@ from kio.schema.describe_log_dirs.v4 import request as describe_log_dirs4
 from kio.schema.errors import ErrorCode
 
 from brokerproc import BrokerProcess
-from kafka_wire import KafkaWire
+from kafka_wire import KafkaWire, build_entity, kio_request
 from strom.records.codec import RecordSpec, decode_batches, encode_batch
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
@@ -166,6 +167,17 @@ def test_full_disk_answers_storage_error_then_recovers_every_acknowledged_record
                     assert data.error_code in (ErrorCode.none, ErrorCode.kafka_storage_error), data
                     if data.error_code == ErrorCode.none:
                         assert read_values(wire, partition) == acked[partition]
+                # A new block of producer ids may not be writable: an answer, never a closed connection.
+                init = wire.request(
+                    build_entity(
+                        kio_request("init_producer_id", 4).InitProducerIdRequest,
+                        transactional_id=None,
+                        transaction_timeout=datetime.timedelta(milliseconds=60000),
+                        producer_id=-1,
+                        producer_epoch=-1,
+                    )
+                )
+                assert init.error_code in (ErrorCode.none, ErrorCode.coordinator_load_in_progress), init
 
             # Space freed, restarted: every acknowledged record is there, and the log takes more.
             filler.unlink()

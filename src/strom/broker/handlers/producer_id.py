@@ -12,11 +12,15 @@ the client wait forever.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
+from strom.storage import KafkaStorageError
+
+log = logging.getLogger(__name__)
 
 NO_PRODUCER_ID = -1
 
@@ -30,9 +34,16 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
             producer_id=NO_PRODUCER_ID,
             producer_epoch=-1,
         )
-    return build(
-        r.InitProducerIdResponse,
-        error_code=ErrorCode.none,
-        producer_id=ctx.broker.producer_ids.generate(),
-        producer_epoch=0,
-    )
+    try:
+        producer_id = ctx.broker.producer_ids.generate()
+    except KafkaStorageError as exc:
+        # No new block of ids could be made durable (a full disk): Kafka answers a retriable
+        # COORDINATOR_LOAD_IN_PROGRESS while its producer id manager has no block, and so do we.
+        log.error("cannot allocate producer ids", extra={"error": str(exc)})
+        return build(
+            r.InitProducerIdResponse,
+            error_code=ErrorCode.coordinator_load_in_progress,
+            producer_id=NO_PRODUCER_ID,
+            producer_epoch=-1,
+        )
+    return build(r.InitProducerIdResponse, error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=0)
