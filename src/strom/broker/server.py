@@ -366,15 +366,9 @@ class BrokerServer:
 
     async def _create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
         async with self._admin_lock:
-            topic = self.control_plane.new_topic(name, num_partitions, configs)
-            # The metadata first: a crash before the logs exist recreates them at startup.
-            await self.control_plane.stage(topic)
-            try:
-                await self.replica_manager.create_partitions(topic)
-            except BaseException:
-                await self.control_plane.abort(name)
-                raise
-            self.control_plane.apply(name)
+            topic = await self._stage_and_create_logs(
+                self.control_plane.new_topic(name, num_partitions, configs)
+            )
         log.info("created topic", extra={"topic": name, "partitions": num_partitions})
         return topic
 
@@ -471,14 +465,17 @@ class BrokerServer:
 
     async def _create_partitions(self, name: str, total: int) -> TopicState:
         async with self._admin_lock:
-            topic = self.control_plane.with_partitions(name, total)
-            await self.control_plane.stage(topic)
-            try:
-                await self.replica_manager.create_partitions(topic)
-            except BaseException:
-                await self.control_plane.abort(name)
-                raise
-            self.control_plane.apply(name)
+            return await self._stage_and_create_logs(self.control_plane.with_partitions(name, total))
+
+    async def _stage_and_create_logs(self, topic: TopicState) -> TopicState:
+        # The metadata first: a crash before the logs exist recreates them at startup.
+        await self.control_plane.stage(topic)
+        try:
+            await self.replica_manager.create_partitions(topic)
+        except BaseException:
+            await self.control_plane.abort(topic.name)
+            raise
+        self.control_plane.apply(topic.name)
         return topic
 
     async def _set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:

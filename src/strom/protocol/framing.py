@@ -20,7 +20,7 @@ from kio.serial import entity_reader, entity_writer
 
 from strom.protocol.apis import ApiKey, is_flexible, response_entity
 from strom.protocol.errors import ErrorCode, ProtocolError
-from strom.protocol.guard import check_body
+from strom.protocol.guard import check_body, read_uvarint
 
 __all__ = [
     "SIZE",
@@ -126,26 +126,12 @@ class RequestHeader:
     flexible: bool
 
 
-def _read_uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ProtocolError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise ProtocolError("varint too long")
-
-
 def skip_tagged_fields(buf: memoryview, pos: int) -> int:
-    count, pos = _read_uvarint(buf, pos)
+    end = len(buf)
+    count, pos = read_uvarint(buf, pos, end)
     for _ in range(count):
-        _tag, pos = _read_uvarint(buf, pos)
-        size, pos = _read_uvarint(buf, pos)
+        _tag, pos = read_uvarint(buf, pos, end)
+        size, pos = read_uvarint(buf, pos, end)
         pos += size
     if pos > len(buf):
         raise ProtocolError("truncated tagged fields")

@@ -69,7 +69,8 @@ class _Plan:
     min_size: int
 
 
-def _uvarint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+def read_uvarint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """An unsigned varint of at most 5 bytes at ``pos``, read no further than ``end``."""
     value = shift = 0
     while pos < end:
         byte = buf[pos]
@@ -97,7 +98,7 @@ def _length(
     if flexible:
         if pos < end and buf[pos] < 0x80:  # the usual one-byte varint
             return buf[pos] - 1, pos + 1
-        value, pos = _uvarint(buf, pos, end)
+        value, pos = read_uvarint(buf, pos, end)
         return value - 1, pos
     size = 4 if wide else 2
     if pos + size > end:
@@ -159,14 +160,14 @@ def _walk(plan: _Plan, buf: memoryview, pos: int, end: int, out: Prefixes | None
             return pos + 1
         if out is not None:
             out.append((pos, "varint"))
-        count, pos = _uvarint(buf, pos, end)
+        count, pos = read_uvarint(buf, pos, end)
         if count > end - pos:
             raise ProtocolError(f"{count} tagged fields exceed the {end - pos} bytes left")
         for _ in range(count):
-            tag, pos = _uvarint(buf, pos, end)
+            tag, pos = read_uvarint(buf, pos, end)
             if out is not None:
                 out.append((pos, "varint"))
-            size, pos = _uvarint(buf, pos, end)
+            size, pos = read_uvarint(buf, pos, end)
             if size > end - pos:
                 raise ProtocolError(f"tagged field {tag}: size {size} exceeds the {end - pos} bytes left")
             tagged = plan.tags.get(tag)
