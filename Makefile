@@ -57,4 +57,4 @@ bench: $(INSTALLED)
 	$(PYTHON) bench/spark_bench.py --write-results
 
 clean:
-	rm -rf $(VENV) .cache data build src/strom/records/*.so
+	rm -rf $(VENV) .cache data strom-checkpoints build src/strom/records/*.so
