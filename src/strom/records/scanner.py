@@ -37,12 +37,15 @@ bound); ``assemble_batch`` is the one place a batch header and its CRC are writt
 
 from __future__ import annotations
 
+import importlib.util
 import struct
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import crc32c
 
-import strom.records._scanner as _scanner
 from strom.records.batch import (
     ATTRIBUTES,
     COMPRESSION_MASK,
@@ -58,6 +61,33 @@ from strom.records.batch import (
 from strom.records.compression import CompressionError, compress_to_buffer, decompress_to_buffer
 
 Header = tuple[str, bytes | None]
+
+# The name under which strom.spark ships the compiled scanner to Spark executors (see below).
+SHIPPED_SCANNER_PREFIX = "strom-records-_scanner"
+
+
+def _load_scanner() -> ModuleType:
+    """The C scanner: normally the package's extension module. Spark executors get the strom
+    package as a zip (addPyFile), and zipimport loads no extension module, so strom.spark also
+    ships the compiled file (addFile) into Spark's files folder, which is on their sys.path."""
+    try:
+        import strom.records._scanner as scanner_module
+    except ImportError:
+        for entry in sys.path:
+            folder = Path(entry or ".")
+            if not folder.is_dir():
+                continue
+            for path in folder.glob(SHIPPED_SCANNER_PREFIX + "*"):
+                spec = importlib.util.spec_from_file_location("strom.records._scanner", path)
+                if spec is not None and spec.loader is not None:
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                    return module
+        raise
+    return scanner_module
+
+
+_scanner = _load_scanner()
 BytesLike = bytes | bytearray | memoryview
 
 RecordError = _scanner.RecordError

@@ -2,7 +2,7 @@
 
 Python workers must run this interpreter (it has Strom's dependencies), logs stay at
 warnings, and on a cluster (any master but ``local``) the executors get the ``strom``
-package as a zip through ``addPyFile``; they need Spark >= 4.2 and Strom's dependencies
+package as a zip through ``addPyFile`` (and the compiled record scanner beside it); they need Spark >= 4.2 and Strom's dependencies
 (kio, cramjam, crc32c, uvloop, pyarrow) installed.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import sys
 import tempfile
 import weakref
@@ -20,6 +21,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import strom
+from strom.records import _scanner as _scanner_module
+from strom.records.scanner import SHIPPED_SCANNER_PREFIX
 from strom.spark.committer import OffsetCommitter
 from strom.spark.source import StromDataSource
 
@@ -62,6 +65,8 @@ def session(
     if not (master == "local" or master.startswith("local[")):
         # Before register(): a registered data source carries the session's Python includes.
         spark.sparkContext.addPyFile(str(package_zip()))
+        # zipimport loads no extension module: the compiled scanner travels as a file of its own.
+        spark.sparkContext.addFile(str(shipped_scanner()))
     register(spark)
     return spark
 
@@ -72,6 +77,16 @@ def package_zip() -> Path:
     target = Path(tempfile.mkdtemp(prefix="strom-spark-")) / f"strom-{strom.__version__}.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(package.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".so":
                 archive.write(path, path.relative_to(package.parent))
+    return target
+
+
+def shipped_scanner() -> Path:
+    """A copy of the compiled record scanner under the name strom.records.scanner looks for on
+    executors (Spark's files folder is on their sys.path; the name is not importable by itself)."""
+    compiled = Path(_scanner_module.__file__ or "")
+    suffix = compiled.name[len("_scanner") :]  # e.g. .cpython-311-x86_64-linux-gnu.so
+    target = Path(tempfile.mkdtemp(prefix="strom-spark-")) / f"{SHIPPED_SCANNER_PREFIX}{suffix}"
+    shutil.copyfile(compiled, target)
     return target
