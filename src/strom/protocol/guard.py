@@ -218,14 +218,8 @@ def _field_step(field: dataclasses.Field[Any], flexible: bool, owner: str) -> St
         if element[0] == _FIXED:
             return (_FIXED_ARRAY, name, array_nullable, element[3])
         return (_VAR_ARRAY, name, array_nullable, element)
-    nullable = is_optional(field)
-    if kafka_type in _FIXED_SIZES:  # a uuid's "None" is the zero uuid, not a wire null
-        return (_FIXED, name, False, _FIXED_SIZES[kafka_type])
-    if kafka_type == "string":
-        return (_STRING, name, nullable, None)
-    if kafka_type in _BYTES_TYPES:
-        return (_BYTES, name, nullable, None)
-    raise TypeError(f"{name}: unknown kafka_type {kafka_type!r}")
+    # A fixed-size field is never a wire null (a uuid's "None" is the zero uuid).
+    return _element_step(kafka_type, name, is_optional(field))
 
 
 def _is_union_with_none(annotation: Any) -> bool:

@@ -64,13 +64,7 @@ class StreamOffset:
 
     @classmethod
     def from_json_dict(cls, value: Any, what: str = "offsets") -> StreamOffset:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
-                raise OffsetsFormatError(f"{what} is not JSON: {error}") from error
-        if not isinstance(value, dict):
-            raise OffsetsFormatError(f"{what} must be a JSON object, got {value!r}")
+        value = _json_object(value, what)
         positions = {k: v for k, v in value.items() if k not in (CLUSTER_KEY, TOPIC_IDS_KEY)}
         cluster = value.get(CLUSTER_KEY)
         ids = value.get(TOPIC_IDS_KEY) or {}
@@ -102,6 +96,18 @@ def check_origin(checkpointed: StreamOffset, cluster_id: str | None, topic_ids: 
             )
 
 
+def _json_object(value: Any, what: str) -> dict[str, Any]:
+    """A JSON object, given as a dict or as its text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise OffsetsFormatError(f"{what} is not JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise OffsetsFormatError(f'{what} must be a JSON object like {{"topic": {{"0": 23}}}}, got {value!r}')
+    return value
+
+
 def to_json_dict(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
     """The checkpoint form, in the stable key order."""
     out: dict[str, dict[str, int]] = {}
@@ -112,13 +118,7 @@ def to_json_dict(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, i
 
 def from_json_dict(value: Any, what: str = "offsets") -> PartitionOffsets:
     """Parse ``{"topic": {"partition": n}}`` (a dict, or its JSON text)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise OffsetsFormatError(f"{what} is not JSON: {error}") from error
-    if not isinstance(value, dict):
-        raise OffsetsFormatError(f'{what} must be a JSON object like {{"topic": {{"0": 23}}}}, got {value!r}')
+    value = _json_object(value, what)
     out: PartitionOffsets = {}
     for topic, partitions in value.items():
         if not isinstance(partitions, dict):
