@@ -125,10 +125,14 @@ def test_defaults_follow_kafka() -> None:
     assert cfg.group_initial_rebalance_delay_ms == 3000
     assert cfg.offsets_retention_ms == 7 * 24 * 3600 * 1000
     assert cfg.socket_send_buffer_bytes == cfg.socket_receive_buffer_bytes == 102400
-    # Single-node differences from Kafka's 3 / 3 / 2 (accepted, no effect: internal topics have one replica).
-    assert cfg.get("offsets.topic.replication.factor") == "1"
-    assert cfg.get("transaction.state.log.replication.factor") == "1"
-    assert cfg.get("transaction.state.log.min.isr") == "1"
+    # Kafka's 3 / 3 / 2 (a single node, without zookeeper.connect, keeps one replica whatever they say).
+    assert cfg.offsets_topic_replication_factor == 3
+    assert cfg.get("transaction.state.log.replication.factor") == "3"
+    assert cfg.get("transaction.state.log.min.isr") == "2"
+    assert cfg.replica_lag_time_max_ms == 30000
+    assert cfg.zookeeper_session_timeout_ms == 18000
+    assert not cfg.unclean_leader_election_enable
+    assert not cfg.in_cluster
     assert cfg.default_log_config == LogConfig()
 
 

@@ -302,6 +302,118 @@ _IMPLEMENTED = (
 )
 
 
+# A cluster on ZooKeeper (zookeeper.connect set): membership, the controller, replication.
+# Without zookeeper.connect the broker is a cluster of one and these have no effect.
+_CLUSTER = (
+    _key(
+        "zookeeper.connect",
+        T.STRING,
+        None,
+        None,
+        "ZooKeeper's host:port list with an optional chroot (host:port,host:port/strom); "
+        "unset, the broker runs alone with its embedded control plane.",
+    ),
+    _key("zookeeper.session.timeout.ms", T.INT, 18000, Range(1), "The broker's ZooKeeper session timeout."),
+    _key(
+        "zookeeper.connection.timeout.ms",
+        T.INT,
+        None,
+        None,
+        "How long to wait for a connection to ZooKeeper (unset: zookeeper.session.timeout.ms).",
+    ),
+    _key("broker.rack", T.STRING, None, None, "The broker's rack; replica assignment spreads over racks."),
+    _key(
+        "replica.lag.time.max.ms",
+        T.LONG,
+        30000,
+        Range(1),
+        "A follower that has not caught up to the leader's log end for this long leaves the ISR.",
+    ),
+    _key("replica.fetch.max.bytes", T.INT, 1048576, Range(0), "Bytes a follower asks per partition."),
+    _key("replica.fetch.min.bytes", T.INT, 1, Range(1), "Bytes a follower's fetch waits for."),
+    _key("replica.fetch.wait.max.ms", T.INT, 500, Range(0), "How long a follower's fetch may wait."),
+    _key("replica.fetch.backoff.ms", T.INT, 1000, Range(0), "A follower's pause after a failed fetch."),
+    _key(
+        "replica.fetch.response.max.bytes",
+        T.INT,
+        10485760,
+        Range(0),
+        "Bytes a follower asks for in one fetch response.",
+    ),
+    _key("replica.socket.timeout.ms", T.INT, 30000, None, "Timeout of a follower's fetch requests."),
+    _key(
+        "replica.high.watermark.checkpoint.interval.ms",
+        T.LONG,
+        5000,
+        Range(1),
+        "How often high watermarks are written to replication-offset-checkpoint.",
+    ),
+    _key(
+        "num.replica.fetchers",
+        T.INT,
+        1,
+        Range(1),
+        "Fetcher connections per source broker (partitions are spread over them).",
+        dynamic=True,
+    ),
+    _key(
+        "unclean.leader.election.enable",
+        T.BOOLEAN,
+        False,
+        None,
+        "Elect a leader outside the ISR when no ISR member lives (losing committed data).",
+        dynamic=True,
+    ),
+    _key("controlled.shutdown.enable", T.BOOLEAN, True, None, "Move leadership away before shutting down."),
+    _key("controlled.shutdown.max.retries", T.INT, 3, None, "Attempts of a controlled shutdown."),
+    _key("controlled.shutdown.retry.backoff.ms", T.LONG, 5000, None, "Pause between those attempts."),
+    _key(
+        "auto.leader.rebalance.enable",
+        T.BOOLEAN,
+        True,
+        None,
+        "Move leadership back to preferred replicas when the imbalance passes its threshold.",
+    ),
+    _key(
+        "leader.imbalance.check.interval.seconds",
+        T.LONG,
+        300,
+        Range(1),
+        "How often the controller checks leadership imbalance.",
+    ),
+    _key(
+        "leader.imbalance.per.broker.percentage",
+        T.INT,
+        10,
+        None,
+        "Share of a broker's partitions not led by their preferred replica that triggers a rebalance.",
+    ),
+    _key(
+        "offsets.topic.replication.factor",
+        T.SHORT,
+        3,
+        Range(1),
+        "Replication factor of __consumer_offsets (a single node keeps one replica).",
+    ),
+    _key(
+        "transaction.state.log.replication.factor",
+        T.SHORT,
+        3,
+        Range(1),
+        "Replication factor of __transaction_state (transactions are not implemented yet).",
+        effect=False,
+    ),
+    _key(
+        "transaction.state.log.min.isr",
+        T.INT,
+        2,
+        Range(1),
+        "min.insync.replicas of __transaction_state (transactions are not implemented yet).",
+        effect=False,
+    ),
+)
+
+
 # Keys of a stock Kafka server.properties (and their neighbours) that Strom accepts but does not act on.
 def _accepted(
     name: str,
@@ -316,29 +428,6 @@ def _accepted(
 
 
 _ACCEPTED = (
-    # Single node: internal topics have one replica whatever these say; their defaults are 1 so that
-    # DescribeConfigs tells the truth (Kafka's defaults are 3, 3 and 2).
-    _accepted(
-        "offsets.topic.replication.factor",
-        T.SHORT,
-        1,
-        Range(1),
-        "Replication factor of __consumer_offsets (Kafka's default: 3; Strom keeps one replica).",
-    ),
-    _accepted(
-        "transaction.state.log.replication.factor",
-        T.SHORT,
-        1,
-        Range(1),
-        "Replication factor of __transaction_state (Kafka's default: 3; Strom has no such topic).",
-    ),
-    _accepted(
-        "transaction.state.log.min.isr",
-        T.INT,
-        1,
-        Range(1),
-        "min.insync.replicas of __transaction_state (Kafka's default: 2).",
-    ),
     _accepted(
         "num.recovery.threads.per.data.dir",
         T.INT,
@@ -365,14 +454,6 @@ _ACCEPTED = (
     ),
     _accepted("background.threads", T.INT, 10, Range(1), "Background task threads.", dynamic=True),
     _accepted(
-        "num.replica.fetchers",
-        T.INT,
-        1,
-        None,
-        "Replica fetcher threads (a single node fetches nothing).",
-        dynamic=True,
-    ),
-    _accepted(
         "inter.broker.listener.name", T.STRING, None, None, "The listener brokers use among themselves."
     ),
     _accepted(
@@ -381,9 +462,6 @@ _ACCEPTED = (
         "PLAINTEXT",
         OneOf(SECURITY_PROTOCOLS),
         "The security protocol brokers use among themselves.",
-    ),
-    _accepted(
-        "replica.lag.time.max.ms", T.LONG, 30000, None, "How long a follower may lag before leaving the ISR."
     ),
     _accepted(
         "share.coordinator.state.topic.replication.factor",
@@ -416,13 +494,6 @@ _ACCEPTED = (
     ),
     _accepted("socket.listen.backlog.size", T.INT, 50, Range(1), "The listen backlog of server sockets."),
     _accepted("request.timeout.ms", T.INT, 30000, None, "Timeout of the broker's own requests."),
-    _accepted(
-        "auto.leader.rebalance.enable", T.BOOLEAN, True, None, "Move leadership back to preferred replicas."
-    ),
-    _accepted(
-        "controlled.shutdown.enable", T.BOOLEAN, True, None, "Move leadership away before shutting down."
-    ),
-    _accepted("broker.rack", T.STRING, None, None, "The broker's rack."),
     _accepted(
         "transaction.state.log.num.partitions", T.INT, 50, Range(1), "Partitions of __transaction_state."
     ),
@@ -467,7 +538,8 @@ def _topic_default_keys() -> tuple[BrokerConfigDef, ...]:
 
 
 BROKER_CONFIGS: Mapping[str, BrokerConfigDef] = {
-    d.name: d for d in sorted(_IMPLEMENTED + _ACCEPTED + _topic_default_keys(), key=lambda d: d.name)
+    d.name: d
+    for d in sorted(_IMPLEMENTED + _CLUSTER + _ACCEPTED + _topic_default_keys(), key=lambda d: d.name)
 }
 
 # Broker keys that are synonyms of each other, in precedence order (log.retention.ms > .minutes > .hours).
@@ -736,6 +808,42 @@ class KafkaConfig:
         self.offsets_retention_check_interval_ms: int = self._int("offsets.retention.check.interval.ms")
         self.offsets_topic_segment_bytes: int = self._int("offsets.topic.segment.bytes")
         self.offset_metadata_max_bytes: int = self._int("offset.metadata.max.bytes")
+
+        connect = self._str("zookeeper.connect")
+        self.zookeeper_connect: str | None = connect or None
+        self.zookeeper_session_timeout_ms: int = self._int("zookeeper.session.timeout.ms")
+        self.zookeeper_connection_timeout_ms: int = (
+            self._int("zookeeper.connection.timeout.ms")
+            if self._value("zookeeper.connection.timeout.ms") is not None
+            else self.zookeeper_session_timeout_ms
+        )
+        self.broker_rack: str | None = self._str("broker.rack") or None
+        self.replica_lag_time_max_ms: int = self._int("replica.lag.time.max.ms")
+        self.replica_fetch_max_bytes: int = self._int("replica.fetch.max.bytes")
+        self.replica_fetch_min_bytes: int = self._int("replica.fetch.min.bytes")
+        self.replica_fetch_wait_max_ms: int = self._int("replica.fetch.wait.max.ms")
+        self.replica_fetch_backoff_ms: int = self._int("replica.fetch.backoff.ms")
+        self.replica_fetch_response_max_bytes: int = self._int("replica.fetch.response.max.bytes")
+        self.replica_socket_timeout_ms: int = self._int("replica.socket.timeout.ms")
+        self.replica_high_watermark_checkpoint_interval_ms: int = self._int(
+            "replica.high.watermark.checkpoint.interval.ms"
+        )
+        self.num_replica_fetchers: int = self._int("num.replica.fetchers")
+        self.unclean_leader_election_enable: bool = self._bool("unclean.leader.election.enable")
+        self.controlled_shutdown_enable: bool = self._bool("controlled.shutdown.enable")
+        self.controlled_shutdown_max_retries: int = self._int("controlled.shutdown.max.retries")
+        self.controlled_shutdown_retry_backoff_ms: int = self._int("controlled.shutdown.retry.backoff.ms")
+        self.auto_leader_rebalance_enable: bool = self._bool("auto.leader.rebalance.enable")
+        self.leader_imbalance_check_interval_seconds: int = self._int(
+            "leader.imbalance.check.interval.seconds"
+        )
+        self.leader_imbalance_per_broker_percentage: int = self._int("leader.imbalance.per.broker.percentage")
+        self.offsets_topic_replication_factor: int = self._int("offsets.topic.replication.factor")
+
+    @property
+    def in_cluster(self) -> bool:
+        """zookeeper.connect is set: the broker is a member of a cluster coordinated by ZooKeeper."""
+        return self.zookeeper_connect is not None
 
     @classmethod
     def from_sources(

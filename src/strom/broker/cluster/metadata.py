@@ -16,6 +16,9 @@ class PartitionState:
     leader_epoch: int
     replicas: list[int]
     isr: list[int]
+    # The version of the partition's state znode in a cluster (Kafka's partition epoch): every
+    # conditional write of the state names it. Always 0 on a single node (not persisted).
+    partition_epoch: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
