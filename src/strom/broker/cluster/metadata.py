@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(slots=True)
@@ -101,3 +101,25 @@ class MetadataImage:
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
+
+
+class ClusterLink(Protocol):
+    """What the replication layer needs from a cluster's control plane (ZooKeeper mode).
+
+    The replica manager and its fetchers see the cluster only through this: where a broker
+    listens, and the leader's conditional write of a partition's ISR (Kafka's AlterPartition;
+    in ZooKeeper mode the leader writes the state znode itself, fenced by its version).
+    """
+
+    node_id: int
+
+    def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        """The host and port of a live broker's client listener; None if it is not registered."""
+        ...
+
+    async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:
+        """Write ``state`` (new ISR, same leader and leader epoch) if the partition's state is still
+        at version ``state.partition_epoch``; returns the written state, whose ``partition_epoch`` is
+        the new version, or None when the version no longer matches (a newer state is on its way
+        through the watch, or the partition is gone)."""
+        ...
