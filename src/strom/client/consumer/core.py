@@ -178,7 +178,7 @@ class ConsumerCore:
                 self.notify()
         if self.coordinator is not None:
             self.coordinator.on_metadata_update(cluster)
-        self.fetcher.wakeup()
+        self.fetcher.on_metadata_update(cluster)
 
     # -- poll (the caller's thread) --------------------------------------------------------------
 
