@@ -9,6 +9,13 @@ with the source's schema, decoded column by column (``strom.spark.arrow_decoder`
 Offsets in the range may be missing for good reasons (compaction, transaction markers);
 offsets deleted by retention before the read are data loss, which fails the read or is
 skipped and logged, per ``failOnDataLoss``.
+
+A leader failover during the read changes nothing the task returns: the range is fixed,
+the consumer follows the new leader (metadata refresh, KIP-951 hints) and goes on from
+its position, so no offset is skipped or read twice. Before it does, it checks with the
+new leader (KIP-320) that the log still holds what was read; records read and then
+truncated away (an uncommitted tail the new leader never had) are reported like data
+loss, since the task has already returned them.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import pyarrow as pa
 
 from strom.client.cluster import TopicPartition
 from strom.client.consumer import Consumer, FetchedBatch
-from strom.client.consumer.structs import OffsetOutOfRangeError
+from strom.client.consumer.structs import LogTruncationError, OffsetOutOfRangeError
 from strom.spark.arrow_decoder import MAX_PAYLOAD, decode_batches
 from strom.spark.schema import arrow_schema
 
@@ -90,6 +97,10 @@ def read_range(part: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
         while position < until:
             try:
                 batches = consumer.poll_batches(1.0)
+            except LogTruncationError as exc:
+                position = _report_truncation(part, exc, position)
+                consumer.seek(tp, position)
+                continue
             except OffsetOutOfRangeError:
                 position = _skip_lost(consumer, part, position)
                 consumer.seek(tp, position)
@@ -121,6 +132,22 @@ def _chunks(batches: list[FetchedBatch]) -> Iterator[list[FetchedBatch]]:
         size += batch_size
     if chunk:
         yield chunk
+
+
+def _report_truncation(part: OffsetRangePartition, error: LogTruncationError, position: int) -> int:
+    """Records this task returned were truncated from the log by a leader change: data loss
+    (the query saw records the topic no longer holds). Reading goes on from the position."""
+    tp = part.tp
+    divergent = error.divergent_offsets.get(tp)
+    lost_from = max(part.from_offset, divergent.offset) if divergent is not None else part.from_offset
+    where = f"the new leader's log diverges at {divergent.offset}" if divergent is not None else "where is unknown"
+    report_data_loss(
+        part.fail_on_data_loss,
+        f"Data loss in {tp}: the query read offsets up to {position - 1}, and the log was truncated below that "
+        f"when the partition's leader changed ({where}); records read from offset {lost_from} on may no longer "
+        "be in the topic.",
+    )
+    return position
 
 
 def _skip_lost(consumer: Consumer, part: OffsetRangePartition, position: int) -> int:

@@ -11,6 +11,7 @@ from strom.client.consumer.assignors import (
 from strom.client.consumer.consumer import AsyncConsumer, Consumer
 from strom.client.consumer.structs import (
     ConsumerRebalanceListener,
+    LogTruncationError,
     NoOffsetForPartitionError,
     OffsetAndMetadata,
     OffsetAndTimestamp,
@@ -26,6 +27,7 @@ __all__ = [
     "ConsumerRecord",
     "CooperativeStickyAssignor",
     "FetchedBatch",
+    "LogTruncationError",
     "NoOffsetForPartitionError",
     "OffsetAndMetadata",
     "OffsetAndTimestamp",

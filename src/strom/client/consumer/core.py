@@ -140,6 +140,7 @@ class ConsumerCore:
 
     async def _metadata_loop(self) -> None:
         max_age = self.config["metadata.max.age.ms"] / 1000
+        failures = 0
         while not self.closed:
             wanted = self._metadata_topics()
             timeout: float | None = None
@@ -156,8 +157,12 @@ class ConsumerCore:
             except (KafkaConnectionError, RequestTimeoutError, KafkaException) as exc:
                 log.info("metadata refresh failed: %s", exc)
                 self._metadata_requested.set()
-            # Refreshes come no closer together than retry.backoff.ms.
-            await asyncio.sleep(self.client.retry_backoff)
+                failures += 1
+            else:
+                failures = 0
+            # Refreshes come no closer together than retry.backoff.ms, doubling up to
+            # retry.backoff.max.ms while they fail (a cluster in the middle of a failover).
+            await self.client.backoff(min(failures, 10))
 
     async def _refresh_metadata(self) -> None:
         wanted = self._metadata_topics()
@@ -178,7 +183,7 @@ class ConsumerCore:
                 self.notify()
         if self.coordinator is not None:
             self.coordinator.on_metadata_update(cluster)
-        self.fetcher.wakeup()
+        self.fetcher.on_metadata_update(cluster)
 
     # -- poll (the caller's thread) --------------------------------------------------------------
 

@@ -9,7 +9,18 @@ thread and decodes as many records as it returns (``strom.records.reader``).
 
 Positions come from committed offsets (a group consumer) or ``auto.offset.reset``
 (ListOffsets for the earliest or latest offset); OFFSET_OUT_OF_RANGE resets the same
-way, or fails poll() when the strategy is ``none``. Leader errors refresh metadata.
+way, or fails poll() when the strategy is ``none``. Leader errors refresh metadata
+(or follow the new leader a NOT_LEADER_OR_FOLLOWER answer names).
+
+Leader changes follow KIP-320: fetches and ListOffsets carry the leader epoch the
+client knows, so a broker with another epoch refuses them (FENCED_LEADER_EPOCH when the
+client's is older, UNKNOWN_LEADER_EPOCH when newer) rather than serving a stale log. When
+a partition's leader changes, its position stops fetching until OffsetForLeaderEpoch on
+the new leader, asked for the epoch of the last consumed record, confirms the log still
+holds everything before the position; if the new leader's log ends that epoch below the
+position, records the consumer returned were truncated away: it resets to the diverging
+offset with a warning, or poll() raises LogTruncationError under ``auto.offset.reset``
+``none`` (Kafka's SubscriptionState.maybeCompleteValidation).
 """
 
 from __future__ import annotations
@@ -25,8 +36,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from strom.client.cluster import TopicPartition
+from strom.client.cluster import Cluster, TopicPartition
 from strom.client.consumer.structs import (
+    LogTruncationError,
     NoOffsetForPartitionError,
     OffsetAndMetadata,
     OffsetAndTimestamp,
@@ -39,7 +51,12 @@ from strom.client.consumer.subscription_state import (
 )
 from strom.client.errors import ErrorCode, KafkaException, KafkaTimeoutError
 from strom.client.network_client import NetworkClient
-from strom.network.connection import BrokerConnection, KafkaConnectionError, RequestTimeoutError
+from strom.network.connection import (
+    BrokerConnection,
+    KafkaConnectionError,
+    RequestTimeoutError,
+    UnsupportedVersionError,
+)
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.messages import build
 from strom.records.batch import InvalidBatchError
@@ -52,6 +69,10 @@ FETCH_MIN_VERSION = 4
 FETCH_MAX_VERSION = 12
 LIST_OFFSETS_MIN_VERSION = 1
 LIST_OFFSETS_MAX_VERSION = 10
+# v3 is the first that takes the current leader epoch (fencing a stale leader), as Kafka's consumer needs.
+OFFSET_FOR_LEADER_EPOCH_MIN_VERSION = 3
+OFFSET_FOR_LEADER_EPOCH_MAX_VERSION = 4
+CONSUMER_REPLICA_ID = -1
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
@@ -68,6 +89,20 @@ _LEADER_ERRORS = frozenset(
         ErrorCode.replica_not_available,
         ErrorCode.offset_not_available,
         ErrorCode.unknown_topic_id,
+    }
+)
+
+# Answers to a leader change that name the new leader (KIP-951: Fetch v12+ carries current_leader).
+_LEADER_HINT_ERRORS = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch})
+# OffsetForLeaderEpoch errors after which the partition's leader must be looked up again.
+_VALIDATION_METADATA_ERRORS = frozenset(
+    {
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.fenced_leader_epoch,
+        ErrorCode.leader_not_available,
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.kafka_storage_error,
+        ErrorCode.replica_not_available,
     }
 )
 
@@ -147,6 +182,7 @@ class Fetcher:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._initializing: set[TopicPartition] = set()
         self._resetting: set[TopicPartition] = set()
+        self._validating: set[TopicPartition] = set()
         # Shared with the caller's thread, under subscriptions.lock.
         self._completed: collections.deque[CompletedFetch] = collections.deque()
         self._current: CompletedFetch | None = None
@@ -181,6 +217,7 @@ class Fetcher:
             self._wakeup.clear()
             self._initialize_positions()
             self._reset_positions()
+            self._validate_positions()
             self._send_fetches()
             await self._wakeup.wait()
 
@@ -287,11 +324,12 @@ class Fetcher:
         ):
             return
         cluster = self.client.cluster
-        requests: dict[int, dict[TopicPartition, tuple[int, int]]] = {}
+        requests: dict[int, dict[TopicPartition, tuple[int, int, int]]] = {}
         missing_leader = False
         with self.subscriptions.lock:
             for tp, state in self.subscriptions.assignment.items():
-                if state.paused or state.fetch_position is None:
+                self._follow_leader(tp, state, cluster)
+                if not state.fetchable or state.fetch_position is None:
                     continue
                 leader = cluster.leader(tp)
                 if leader is None:
@@ -299,7 +337,8 @@ class Fetcher:
                     continue
                 if leader.node_id in self._in_flight:
                     continue
-                requests.setdefault(leader.node_id, {})[tp] = (state.fetch_position, state.epoch)
+                leader_epoch = state.current_leader[1] if state.current_leader is not None else -1
+                requests.setdefault(leader.node_id, {})[tp] = (state.fetch_position, state.epoch, leader_epoch)
             if len(self._last_data) > len(self.subscriptions.assignment):
                 assigned = self.subscriptions.assignment
                 self._last_data = {tp: n for tp, n in self._last_data.items() if tp in assigned}
@@ -311,6 +350,221 @@ class Fetcher:
             ordered = dict(sorted(partitions.items(), key=lambda item: last_data.get(item[0], -1)))
             self._spawn(self._fetch(node_id, ordered))
 
+    # -- KIP-320: positions across leader changes --------------------------------------------------
+
+    def on_metadata_update(self, cluster: Cluster) -> None:
+        """After a metadata refresh: positions whose leader changed await validation."""
+        with self.subscriptions.lock:
+            for tp, state in self.subscriptions.assignment.items():
+                self._follow_leader(tp, state, cluster)
+        self.wakeup()
+
+    def _follow_leader(self, tp: TopicPartition, state: TopicPartitionState, cluster: Cluster) -> None:
+        """Kafka's maybeValidatePositionForCurrentLeader (under subscriptions.lock)."""
+        if state.position is None:
+            return
+        partition = cluster.partition(tp)
+        if partition is None or partition.leader < 0:
+            return
+        leader = (partition.leader, partition.leader_epoch)
+        if leader == state.current_leader:
+            return
+        first = state.current_leader is None
+        state.current_leader = leader
+        if partition.leader_epoch < 0 or state.leader_epoch is None:
+            # No epochs to compare (an old broker, or nothing consumed yet): nothing to validate.
+            state.awaiting_validation = False
+            return
+        if first and not state.awaiting_validation:
+            return  # the position was just set by this leader's own answers
+        log.info(
+            "%s: leader is now broker %d (epoch %d); validating position %d (epoch %d)",
+            tp,
+            partition.leader,
+            partition.leader_epoch,
+            state.position,
+            state.leader_epoch,
+        )
+        state.awaiting_validation = True
+        if state.fetch_position != state.position:
+            # What was prefetched from the old leader is dropped, as Kafka drops buffered
+            # records of a partition that is not fetchable: it is fetched again once validated.
+            state.epoch += 1
+            state.fetch_position = state.position
+
+    def _validate_positions(self) -> None:
+        cluster = self.client.cluster
+        by_leader: dict[int, dict[TopicPartition, tuple[int, int, int, int]]] = {}
+        missing_leader = False
+        with self.subscriptions.lock:
+            for tp, state in self.subscriptions.assignment.items():
+                if not state.awaiting_validation or tp in self._validating or state.position is None:
+                    continue
+                self._follow_leader(tp, state, cluster)
+                leader = cluster.leader(tp)
+                if leader is None or state.current_leader is None or state.leader_epoch is None:
+                    missing_leader = True
+                    continue
+                by_leader.setdefault(leader.node_id, {})[tp] = (
+                    state.position,
+                    state.epoch,
+                    state.leader_epoch,
+                    state.current_leader[1],
+                )
+        if missing_leader:
+            self._request_metadata_update()
+        for node_id, partitions in by_leader.items():
+            self._validating.update(partitions)
+            self._spawn(self._validate(node_id, partitions))
+
+    async def _validate(self, node_id: int, partitions: dict[TopicPartition, tuple[int, int, int, int]]) -> None:
+        """OffsetForLeaderEpoch for positions awaiting validation, from their current leader."""
+        retry = False
+        try:
+            try:
+                answers = await self._offsets_for_leader_epoch(node_id, partitions)
+            except UnsupportedVersionError as exc:
+                # A broker without KIP-320 (OffsetForLeaderEpoch < v3) cannot validate: trust the position.
+                log.debug("cannot validate positions on broker %d: %s", node_id, exc)
+                answers = {tp: (ErrorCode.none, -1, -2) for tp in partitions}
+            truncation = self._complete_validation(partitions, answers)
+            retry = truncation or len(answers) < len(partitions) or any(
+                error != ErrorCode.none for error, _, _ in answers.values()
+            )
+        except (KafkaConnectionError, RequestTimeoutError, KafkaException) as exc:
+            log.info("validating positions on broker %d failed: %s", node_id, exc)
+            self._report_fatal(exc)
+            self._request_metadata_update()
+            retry = True
+        finally:
+            if retry:
+                # Not straight back: a leader that is not one yet, or poll() raising the same truncation.
+                try:
+                    await self.client.backoff(0)
+                finally:
+                    self._validating.difference_update(partitions)
+            else:
+                self._validating.difference_update(partitions)
+            self._wakeup.set()
+
+    async def _offsets_for_leader_epoch(
+        self, node_id: int, partitions: dict[TopicPartition, tuple[int, int, int, int]]
+    ) -> dict[TopicPartition, tuple[ErrorCode, int, int]]:
+        by_topic: dict[str, list[tuple[int, int, int]]] = {}
+        for tp, (_, _, offset_epoch, current_epoch) in partitions.items():
+            by_topic.setdefault(tp.topic, []).append((tp.partition, current_epoch, offset_epoch))
+
+        def build_request(connection: BrokerConnection) -> Any:
+            version = connection.version(
+                ApiKey.OFFSET_FOR_LEADER_EPOCH,
+                OFFSET_FOR_LEADER_EPOCH_MAX_VERSION,
+                OFFSET_FOR_LEADER_EPOCH_MIN_VERSION,
+            )
+            module = request_module(ApiKey.OFFSET_FOR_LEADER_EPOCH, version)
+            return build(
+                module.OffsetForLeaderEpochRequest,
+                replica_id=CONSUMER_REPLICA_ID,
+                topics=tuple(
+                    build(
+                        module.OffsetForLeaderTopic,
+                        topic=topic,
+                        partitions=tuple(
+                            build(
+                                module.OffsetForLeaderPartition,
+                                partition=partition,
+                                current_leader_epoch=current_epoch,
+                                leader_epoch=offset_epoch,
+                            )
+                            for partition, current_epoch, offset_epoch in numbers
+                        ),
+                    )
+                    for topic, numbers in by_topic.items()
+                ),
+            )
+
+        response = await self.client.send(node_id, build_request)
+        answers: dict[TopicPartition, tuple[ErrorCode, int, int]] = {}
+        for topic in response.topics:
+            for partition in topic.partitions:
+                tp = TopicPartition(topic.topic, partition.partition)
+                if tp in partitions:
+                    answers[tp] = (
+                        ErrorCode(partition.error_code),
+                        int(partition.leader_epoch),
+                        int(partition.end_offset),
+                    )
+        return answers
+
+    def _complete_validation(
+        self,
+        partitions: dict[TopicPartition, tuple[int, int, int, int]],
+        answers: Mapping[TopicPartition, tuple[ErrorCode, int, int]],
+    ) -> bool:
+        """Apply OffsetForLeaderEpoch answers; True when a truncation was reported to poll().
+
+        An end offset of -2 (a broker that cannot validate) accepts the position as it is.
+        """
+        subscriptions = self.subscriptions
+        truncated: dict[TopicPartition, int] = {}
+        divergent: dict[TopicPartition, OffsetAndMetadata] = {}
+        refresh = False
+        with subscriptions.lock:
+            for tp, (error, leader_epoch, end_offset) in answers.items():
+                position, epoch, _, _ = partitions[tp]
+                state = subscriptions.assignment.get(tp)
+                if state is None or state.epoch != epoch or not state.awaiting_validation:
+                    continue  # sought, reset or revoked meanwhile
+                if error != ErrorCode.none:
+                    if error in _VALIDATION_METADATA_ERRORS:
+                        refresh = True
+                    elif not error.retriable and error != ErrorCode.unknown_leader_epoch:
+                        self._pending_error = KafkaException.from_code(error, f"OffsetForLeaderEpoch for {tp}")
+                    log.debug("validating %s: %s", tp, error.name)
+                    continue
+                if end_offset == -2:
+                    state.awaiting_validation = False
+                elif end_offset < 0 or leader_epoch < 0:
+                    # The new leader knows no epoch at or before ours: everything from it is gone.
+                    if subscriptions.default_reset_strategy is OffsetResetStrategy.NONE:
+                        log.warning("%s: truncation detected at offset %d; no reset policy is set", tp, position)
+                        truncated[tp] = position
+                    else:
+                        log.warning("%s: truncation detected at offset %d; resetting the offset", tp, position)
+                        subscriptions.request_reset(
+                            [tp], subscriptions.default_reset_strategy
+                        )
+                elif end_offset < position:
+                    if subscriptions.default_reset_strategy is OffsetResetStrategy.NONE:
+                        log.warning(
+                            "%s: truncation detected at offset %d (the leader's log diverges at %d); "
+                            "no reset policy is set",
+                            tp,
+                            position,
+                            end_offset,
+                        )
+                        truncated[tp] = position
+                        divergent[tp] = OffsetAndMetadata(end_offset, "", leader_epoch)
+                    else:
+                        log.warning(
+                            "%s: truncation detected at offset %d; resetting to %d, the first offset known "
+                            "to diverge (epoch %d)",
+                            tp,
+                            position,
+                            end_offset,
+                            leader_epoch,
+                        )
+                        subscriptions.seek_validated(tp, end_offset, leader_epoch)
+                else:
+                    state.awaiting_validation = False
+            if truncated:
+                self._pending_error = LogTruncationError(truncated, divergent)
+        if refresh:
+            self._request_metadata_update()
+        if truncated:
+            self._notify()
+        self.positions_updated.set()
+        return bool(truncated)
+
     def _fetchable_queued_bytes(self) -> int:
         """Queued bytes less those of paused partitions, which wait for resume() and must not
         stop the fetches of the others (Kafka's consumer keeps fetching the partitions not paused)."""
@@ -321,11 +575,11 @@ class Fetcher:
             )
 
     def _build_fetch(
-        self, partitions: dict[TopicPartition, tuple[int, int]]
+        self, partitions: dict[TopicPartition, tuple[int, int, int]]
     ) -> Callable[[BrokerConnection], Any]:
-        by_topic: dict[str, list[tuple[int, int]]] = {}
-        for tp, (offset, _) in partitions.items():
-            by_topic.setdefault(tp.topic, []).append((tp.partition, offset))
+        by_topic: dict[str, list[tuple[int, int, int]]] = {}
+        for tp, (offset, _, leader_epoch) in partitions.items():
+            by_topic.setdefault(tp.topic, []).append((tp.partition, offset, leader_epoch))
 
         def build_request(connection: BrokerConnection) -> Any:
             version = connection.version(ApiKey.FETCH, FETCH_MAX_VERSION, FETCH_MIN_VERSION)
@@ -338,13 +592,13 @@ class Fetcher:
                         build(
                             module.FetchPartition,
                             partition=partition,
-                            current_leader_epoch=-1,
+                            current_leader_epoch=leader_epoch,
                             fetch_offset=offset,
-                            last_fetched_epoch=-1,
+                            last_fetched_epoch=-1,  # consumers validate with OffsetForLeaderEpoch instead
                             log_start_offset=-1,
                             partition_max_bytes=self.partition_max_bytes,
                         )
-                        for partition, offset in numbers
+                        for partition, offset, leader_epoch in numbers
                     ),
                 )
                 for topic, numbers in by_topic.items()
@@ -365,7 +619,7 @@ class Fetcher:
 
         return build_request
 
-    async def _fetch(self, node_id: int, partitions: dict[TopicPartition, tuple[int, int]]) -> None:
+    async def _fetch(self, node_id: int, partitions: dict[TopicPartition, tuple[int, int, int]]) -> None:
         queued = False
         try:
             response = await self.client.send(
@@ -393,13 +647,14 @@ class Fetcher:
             self._notify()
 
     def _handle_fetch_response(
-        self, response: Any, requested: dict[TopicPartition, tuple[int, int]]
+        self, response: Any, requested: dict[TopicPartition, tuple[int, int, int]]
     ) -> tuple[bool, bool]:
         """Queue each partition's records (or error): whether poll() has something new, and
         whether a partition must be fetched again after a metadata refresh."""
         subscriptions = self.subscriptions
         queued = False
-        refresh = False
+        leader_errors: set[TopicPartition] = set()
+        hints: dict[TopicPartition, tuple[int, int]] = {}
         self._responses += 1
         with subscriptions.lock:
             for topic in response.responses:
@@ -409,7 +664,7 @@ class Fetcher:
                     state = subscriptions.assignment.get(tp)
                     if sent is None or state is None:
                         continue
-                    fetch_offset, epoch = sent
+                    fetch_offset, epoch, _ = sent
                     if state.epoch != epoch or state.fetch_position != fetch_offset:
                         continue  # sought, reset or revoked since the request was built
                     error = ErrorCode(data.error_code)
@@ -454,13 +709,24 @@ class Fetcher:
                             self._last_data[tp] = self._responses
                         queued = True
                     elif error in _LEADER_ERRORS:
-                        log.info("fetch of %s: %s; refreshing metadata", tp, error.name)
-                        refresh = True
+                        leader = getattr(data, "current_leader", None)
+                        if error in _LEADER_HINT_ERRORS and leader is not None and leader.leader_id >= 0:
+                            hints[tp] = (int(leader.leader_id), int(leader.leader_epoch))
+                        log.info("fetch of %s: %s; looking for its leader", tp, error.name)
+                        leader_errors.add(tp)
                     else:
                         # Out of range, authorization, corruption...: poll() decides or raises, in order.
                         self._queue_error(tp, epoch, fetch_offset, error, "")
                         state.fetch_position = None
                         queued = True
+            if hints:
+                # KIP-951: follow the named leaders now (validating the positions), not after a refresh.
+                cluster = self.client.cluster
+                moved = cluster.update_leaders(hints, [])
+                for tp in moved:
+                    self._follow_leader(tp, subscriptions.assignment[tp], cluster)
+                leader_errors -= moved
+        refresh = bool(leader_errors)
         if refresh:
             self._request_metadata_update()
         return queued, refresh
@@ -567,7 +833,9 @@ class Fetcher:
                             build(
                                 module.ListOffsetsPartition,
                                 partition_index=partition,
-                                current_leader_epoch=-1,
+                                current_leader_epoch=self.client.cluster.leader_epoch(
+                                    TopicPartition(topic, partition)
+                                ),
                                 timestamp=timestamp,
                             )
                             for partition, timestamp in numbers
@@ -741,7 +1009,9 @@ class Fetcher:
         with self.subscriptions.lock:
             state = self.subscriptions.assignment.get(fetch.tp)
             if state is not None and state.epoch == fetch.epoch and state.position is not None:
+                awaiting = state.awaiting_validation  # the same position: no new reason to validate it
                 self.subscriptions.seek(fetch.tp, state.position, state.leader_epoch)
+                state.awaiting_validation = awaiting
             self._current = None
 
     def _dequeued(self, fetch: CompletedFetch) -> None:

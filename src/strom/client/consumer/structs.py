@@ -71,3 +71,26 @@ class OffsetOutOfRangeError(KafkaException):
             ErrorCode.offset_out_of_range,
         )
         self.offsets = dict(offsets)
+
+
+class LogTruncationError(OffsetOutOfRangeError):
+    """KIP-320: the log was truncated below the consumer's position after a leader change, and
+    ``auto.offset.reset`` is ``none`` (Kafka's LogTruncationException).
+
+    ``offsets``: the positions that were checked; ``divergent_offsets``: for each partition
+    whose new leader answered one, the first offset where the logs diverge (with that
+    offset's leader epoch). Records between it and the position were consumed from a log
+    that the new leader does not have. Seek to carry on.
+    """
+
+    def __init__(
+        self, offsets: Mapping[TopicPartition, int], divergent_offsets: Mapping[TopicPartition, OffsetAndMetadata]
+    ) -> None:
+        super().__init__(offsets)
+        self.divergent_offsets = dict(divergent_offsets)
+        names = ", ".join(
+            f"{tp} at {offset}"
+            + (f" (diverges at {divergent_offsets[tp].offset})" if tp in divergent_offsets else " (epoch unknown)")
+            for tp, offset in sorted(offsets.items(), key=lambda i: str(i[0]))
+        )
+        self.args = (f"log truncation detected for {names} and auto.offset.reset is none",)

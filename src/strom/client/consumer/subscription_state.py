@@ -7,6 +7,12 @@ keeps a fetch position: the fetcher prefetches, so the next offset to fetch can 
 ahead of the position by what waits, undecoded, in the buffer. A seek or reset bumps
 the partition's epoch, which makes any fetch built before it stale.
 
+KIP-320: a position carries the leader epoch of the record before it (``leader_epoch``)
+and the leader it was last checked against (``current_leader``). A position whose
+leader changed, or that came from a committed offset with an epoch, awaits validation:
+no fetching until OffsetForLeaderEpoch on the current leader confirms the log still
+holds it (the fetcher's ``validate_positions``).
+
 The state is shared by the caller's thread (poll, seek, assign) and the client's I/O
 loop (fetch responses, offset resets); compound changes take ``lock``.
 """
@@ -48,6 +54,13 @@ class TopicPartitionState:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     leader_epoch: int | None = None  # of the last record returned
+    # The (leader id, leader epoch) the position is fetched from; epoch -1 when the broker names none.
+    current_leader: tuple[int, int] | None = None
+    awaiting_validation: bool = False
+
+    @property
+    def fetchable(self) -> bool:
+        return not self.paused and self.fetch_position is not None and not self.awaiting_validation
 
 
 class SubscriptionState:
@@ -156,7 +169,16 @@ class SubscriptionState:
             state.position = state.fetch_position = offset
             state.reset_strategy = None
             state.leader_epoch = leader_epoch
+            # A position with an epoch (a committed offset, a reset) is checked against the
+            # leader before fetching, as Kafka's seekUnvalidated does; a plain seek is trusted.
+            state.awaiting_validation = leader_epoch is not None
             state.epoch += 1
+
+    def seek_validated(self, tp: TopicPartition, offset: int, leader_epoch: int | None) -> None:
+        """Move to a position the current leader vouched for (the end of a truncated epoch)."""
+        with self.lock:
+            self.seek(tp, offset, leader_epoch)
+            self.assignment[tp].awaiting_validation = False
 
     def request_reset(self, partitions: Iterable[TopicPartition], strategy: OffsetResetStrategy) -> None:
         """Forget the positions; the fetcher looks them up by ``strategy`` (NONE: poll raises)."""
@@ -165,6 +187,7 @@ class SubscriptionState:
                 state = self.state(tp)
                 state.position = state.fetch_position = None
                 state.reset_strategy = strategy
+                state.awaiting_validation = False
                 state.epoch += 1
 
     def partitions_awaiting_reset(self) -> dict[TopicPartition, tuple[OffsetResetStrategy, int]]:

@@ -257,6 +257,7 @@ class ProducerBatch(RecordBatchBuilder):
         "final_error",
         "is_done",
         "last_attempt",
+        "leader_epoch",
         "producer_epoch",
         "producer_id",
         "record_base",
@@ -279,6 +280,8 @@ class ProducerBatch(RecordBatchBuilder):
         self.deadline = now + delivery_timeout
         self.attempts = 0
         self.backoff = 0.0
+        # The partition's leader epoch when the batch was last sent (-1: not sent, or unknown).
+        self.leader_epoch = -1
         self.reserved = reserved
         self.built: bytearray | None = None
         self.producer_id = -1
@@ -300,6 +303,13 @@ class ProducerBatch(RecordBatchBuilder):
     @property
     def in_retry(self) -> bool:
         return self.attempts > 0
+
+    def backing_off(self, now: float, leader_epoch: int) -> bool:
+        """Waiting out retry.backoff.ms before the next attempt; not when the partition has a
+        newer leader than the one that failed it (KIP-951: the new leader is likely fine)."""
+        if self.attempts == 0 or now - self.last_attempt >= self.backoff:
+            return False
+        return not (leader_epoch > self.leader_epoch >= 0)
 
     def set_producer_state(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
         self.producer_id = producer_id
@@ -400,6 +410,7 @@ class TopicState:
         "available",
         "expired",
         "last_used",
+        "leader_epochs",
         "leaders",
         "name",
         "num_partitions",
@@ -416,17 +427,19 @@ class TopicState:
         self.expired = False
         self.num_partitions = 0
         self.leaders: list[int] = []
+        self.leader_epochs: list[int] = []  # -1 where the broker names no epoch
         self.available: list[int] = []  # partitions with a known leader
         self.queues: list[PartitionQueue] = []
         self.partitioner = StickyPartitioner(sticky_batch_size)
         self.round_robin = RoundRobinPartitioner()
 
-    def update(self, leaders: list[int], known_nodes: Iterable[int]) -> None:
+    def update(self, leaders: list[int], known_nodes: Iterable[int], leader_epochs: list[int] | None = None) -> None:
         nodes = set(known_nodes)
         if len(leaders) > len(self.queues):
             self.queues = self.queues + [
                 PartitionQueue(TopicPartition(self.name, p)) for p in range(len(self.queues), len(leaders))
             ]
+        self.leader_epochs = leader_epochs if leader_epochs is not None else [-1] * len(leaders)
         self.leaders = leaders
         self.available = [p for p, leader in enumerate(leaders) if leader >= 0 and leader in nodes]
         self.num_partitions = len(leaders)
@@ -780,7 +793,8 @@ class RecordAccumulator:
                     continue
                 first = batches[0]
                 waited = now - first.last_attempt
-                backing_off = first.attempts > 0 and waited < first.backoff
+                epochs = topic.leader_epochs
+                backing_off = first.backing_off(now, epochs[partition] if partition < len(epochs) else -1)
                 time_to_wait = first.backoff if backing_off else linger
                 full = len(batches) > 1 or len(first.buffer) >= first.limit
                 if (full or waited >= time_to_wait or urgent) and not backing_off:
@@ -819,7 +833,7 @@ class RecordAccumulator:
         topics = list(self.topics.values())
         for node in nodes:
             partitions = [
-                queue
+                (queue, topic.leader_epochs[partition] if partition < len(topic.leader_epochs) else -1)
                 for topic in topics
                 for partition, queue in enumerate(topic.queues)
                 if partition < len(topic.leaders) and topic.leaders[partition] == node
@@ -831,11 +845,11 @@ class RecordAccumulator:
             size = 0
             for i in range(len(partitions)):
                 index = (start + i) % len(partitions)
-                queue = partitions[index]
+                queue, leader_epoch = partitions[index]
                 if not queue.batches:
                     continue
                 first = queue.batches[0]
-                if first.attempts > 0 and now - first.last_attempt < first.backoff:
+                if first.backing_off(now, leader_epoch):
                     continue
                 if ready and size + len(first.buffer) > max_size:
                     break
@@ -845,6 +859,7 @@ class RecordAccumulator:
                 if idempotence is not None and not first.has_sequence:
                     idempotence.assign_sequence(first)
                 self._drain_index[node] = index + 1
+                first.leader_epoch = leader_epoch
                 built = first.close(self.compression, self.compression_level)
                 size += len(built)
                 ready.append(first)

@@ -110,10 +110,12 @@ class ProducerMetadata:
             if metadata is None or not metadata.partitions:
                 continue
             count = max(metadata.partitions) + 1
-            leaders = [
-                metadata.partitions[p].leader if p in metadata.partitions else -1 for p in range(count)
-            ]
-            state.update(leaders, brokers)
+            known = [metadata.partitions.get(p) for p in range(count)]
+            state.update(
+                [p.leader if p is not None else -1 for p in known],
+                brokers,
+                [p.leader_epoch if p is not None else -1 for p in known],
+            )
         self._on_update()
 
     async def wait_for_topic(self, topic: str, partition: int | None, timeout: float) -> TopicState:

@@ -152,6 +152,7 @@ class _ProducerCore:
             accumulator=self.accumulator,
             idempotence=self.idempotence,
             request_metadata_update=self._request_metadata_update,
+            leaders_moved=self._leaders_moved,
             acks=self.acks,
             retries=settings["retries"],
             max_in_flight=settings["max.in.flight.requests.per.connection"],
@@ -172,6 +173,11 @@ class _ProducerCore:
     def _request_metadata_update(self) -> None:
         if self.metadata is not None:
             self.metadata.request_update()
+
+    def _leaders_moved(self) -> None:
+        """KIP-951 hints changed leaders in the client's metadata: route the queued batches by it."""
+        if self.metadata is not None and self.client is not None:
+            self.metadata.apply(self.client.cluster)
 
     async def wait_on_metadata(self, topic: str, partition: int | None, timeout: float) -> TopicState:
         assert self.metadata is not None

@@ -7,7 +7,12 @@ leader, and writes it on that broker's connection without waiting, up to
 order, which keeps the batches of a partition in sequence. Responses complete batches,
 or put them back for a retry after ``retry.backoff.ms`` (doubling up to
 ``retry.backoff.max.ms``) until ``delivery.timeout.ms`` after they were created.
-Leader errors and lost connections ask for fresh metadata.
+Leader errors and lost connections ask for fresh metadata. A NOT_LEADER_OR_FOLLOWER
+answer that names the new leader (KIP-951, Produce v10+) moves the partition to it at
+once, and a batch whose partition has a newer leader than the one that failed it is
+retried without waiting out its backoff, as Kafka's Sender does. An idempotent batch
+keeps its sequence across the move, so the new leader (whose producer state was
+replicated with the log) recognises a batch the old one appended as a duplicate.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from strom.client.cluster import TopicPartition
 from strom.client.errors import KafkaException, KafkaTimeoutError
 from strom.client.network_client import NetworkClient
 from strom.client.producer.accumulator import ProducerBatch, RecordAccumulator
@@ -31,6 +37,7 @@ from strom.network.connection import (
     RequestTimeoutError,
     UnsupportedVersionError,
 )
+from strom.network.pool import Node
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.framing import ProtocolError
@@ -76,6 +83,7 @@ class Sender:
         accumulator: RecordAccumulator,
         idempotence: IdempotenceManager | None,
         request_metadata_update: Callable[[], None],
+        leaders_moved: Callable[[], None],
         acks: int,
         retries: int,
         max_in_flight: int,
@@ -86,6 +94,7 @@ class Sender:
         self.accumulator = accumulator
         self.idempotence = idempotence
         self._request_metadata_update = request_metadata_update
+        self._leaders_moved = leaders_moved
         self.acks = acks
         self.retries = retries
         self.max_in_flight = max_in_flight
@@ -290,6 +299,7 @@ class Sender:
             self.wakeup()
             return
         response = future.result()
+        moved = self._apply_leader_hints(response)
         for topic in response.responses:
             for partition in topic.partition_responses:
                 batch = batches.pop((topic.name, partition.index), None)
@@ -303,11 +313,36 @@ class Sender:
                     getattr(partition, "log_start_offset", -1),
                     getattr(partition, "error_message", None),
                     now,
+                    batch.tp in moved,
                 )
         for batch in batches.values():
             # A partition the response left out: as if the connection failed for it.
             self._complete_batch(batch, ErrorCode.network_exception, -1, -1, -1, "missing from the response", now)
         self.wakeup()
+
+    def _apply_leader_hints(self, response: Any) -> set[TopicPartition]:
+        """KIP-951: the new leaders named by failed partitions (Produce v10+), applied to the metadata."""
+        hints: dict[TopicPartition, tuple[int, int]] = {}
+        for topic in response.responses:
+            for partition in topic.partition_responses:
+                leader = getattr(partition, "current_leader", None)
+                if partition.error_code != ErrorCode.none and leader is not None and leader.leader_id >= 0:
+                    hints[TopicPartition(topic.name, partition.index)] = (
+                        int(leader.leader_id),
+                        int(leader.leader_epoch),
+                    )
+        if not hints:
+            return set()
+        nodes = [
+            Node(int(n.node_id), n.host, int(n.port), n.rack) for n in getattr(response, "node_endpoints", ())
+        ]
+        moved = self.client.cluster.update_leaders(hints, nodes)
+        if moved:
+            for node in nodes:
+                self.client.pool.set_node(node)
+            log.info("new leaders from produce answers: %s", ", ".join(sorted(map(str, moved))))
+            self._leaders_moved()
+        return moved
 
     def _on_disconnect(self, batches: list[ProducerBatch], error: BaseException | None) -> None:
         code = ErrorCode.request_timed_out if isinstance(error, RequestTimeoutError) else ErrorCode.network_exception
@@ -325,7 +360,9 @@ class Sender:
         log_start_offset: int,
         message: str | None,
         now: float,
+        leader_known: bool = False,
     ) -> None:
+        """``leader_known``: the answer named the partition's new leader (no metadata refresh needed)."""
         self._in_flight_batches.pop(batch, None)
         if error == ErrorCode.none:
             self._succeed_batch(batch, base_offset, log_append_time)
@@ -346,7 +383,7 @@ class Sender:
             # Only a batch that had retries left was certainly refused; after the last
             # attempt it may have been appended, so its sequence cannot be reused.
             self._fail_batch(batch, exception, error, adjust_sequences=batch.attempts < self.retries)
-        if error in METADATA_ERRORS:
+        if error in METADATA_ERRORS and not leader_known:
             self._request_metadata_update()
 
     def _can_retry(self, batch: ProducerBatch, error: ErrorCode, log_start_offset: int, now: float) -> bool:
