@@ -468,10 +468,9 @@ class Controller:
                     "controller znode is no longer ours, resigning", extra={"broker_id": self._broker_id}
                 )
                 await self._resign("controller moved")
-            elif not self._active and ours and self._session_id != self._zk.session_id:
-                return  # our previous session's znode, about to go away (its deletion calls us back)
             elif not self._active and ours:
-                # Ours but not acting on it (a resignation that could not delete it): free it.
+                # Ours but not acting on it -- an election whose answer was lost with the connection,
+                # or a resignation that could not delete it: free it (its deletion calls us back).
                 with contextlib.suppress(NoNodeError, BadVersionError):
                     await self._zk.delete(znodes.CONTROLLER, got[1].version)
             return
@@ -527,7 +526,12 @@ class Controller:
                 "epoch_zk_version": self._epoch_zk_version,
             },
         )
-        await self._on_become_controller()
+        try:
+            await self._on_become_controller()
+        except BaseException:
+            # Half-started duties are no duties: give the term up (the event is retried).
+            await self._resign_safely("failed to start the controller's duties")
+            raise
 
     async def _resign_safely(self, reason: str) -> None:
         try:
