@@ -470,3 +470,39 @@ def test_topic_deletion(zookeeper: ZooKeeperServer) -> None:
             assert await c.state("kept", 0) is not None
 
     run(body)
+
+
+def test_partition_reassignment(zookeeper: ZooKeeperServer) -> None:
+    async def body() -> None:
+        async with cluster(zookeeper) as c:
+            for broker in (1, 2, 3):
+                await c.broker_up(broker)
+            await c.start_controller(3)
+            await c.wait_for_controller()
+            await c.create_topic("ra", {0: [1, 2], 1: [2, 3]})
+            await c.wait_state("ra", 0, lambda s: s.isr == [1, 2], "created")
+            await c.admin.create(
+                znodes.REASSIGN_PARTITIONS,
+                znodes.encode_reassignment([znodes.PartitionReplicas("ra", 0, [2, 3])]),
+            )
+
+            async def topic() -> znodes.TopicZNode:
+                return znodes.TopicZNode.decode((await c.admin.get(znodes.topic_path("ra")))[0])
+
+            async def started() -> bool:
+                return (await topic()).adding_replicas == {0: [3]}
+
+            await wait_until(started, "the reassignment in the topic znode")
+            znode = await topic()
+            assert (znode.partitions, znode.removing_replicas) == ({0: [2, 3, 1], 1: [2, 3]}, {0: [1]})
+            assert (await c.state("ra", 0)).leader_epoch == 1  # type: ignore[union-attr]
+            await wait_until(lambda: _absent(c.admin, znodes.REASSIGN_PARTITIONS), "the request removed")
+
+            await c.set_isr("ra", 0, [1, 2, 3])  # the new replica caught up
+            state = await c.wait_state("ra", 0, lambda s: s.leader == 2, "leadership moved into the targets")
+            assert (state.isr, state.leader_epoch) == ([2, 3], 2)
+            znode = await topic()
+            assert znode.partitions == {0: [2, 3], 1: [2, 3]}
+            assert (znode.adding_replicas, znode.removing_replicas) == ({}, {})
+
+    run(body)

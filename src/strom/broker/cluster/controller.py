@@ -349,6 +349,8 @@ class Controller:
         self._topics: dict[str, znodes.TopicZNode] = {}
         self._with_state: dict[str, set[int]] = {}  # partitions whose state znode exists
         self._shutting_down: set[int] = set()
+        # Reassigning partitions: a watch on each one's state, to finish when the targets are in sync.
+        self._reassignment_watches: dict[tuple[str, int], Watch] = {}
 
     @property
     def active(self) -> bool:
@@ -543,7 +545,11 @@ class Controller:
         """Stop the duties and delete /controller if it is still ours (at the version read)."""
         was_active = self._active or self._epoch >= 0
         self._active = False
-        for watch in [*self._duty_watches, *self._topic_watches.values()]:
+        for watch in [
+            *self._duty_watches,
+            *self._topic_watches.values(),
+            *self._reassignment_watches.values(),
+        ]:
             watch.cancel()
         self._duty_watches.clear()
         self._topic_watches.clear()
@@ -554,6 +560,7 @@ class Controller:
         self._topics.clear()
         self._with_state.clear()
         self._shutting_down.clear()
+        self._reassignment_watches.clear()
         if was_active:
             log.info(
                 "resigned as controller",
@@ -650,8 +657,13 @@ class Controller:
                 lambda _: self._enqueue("controlled-shutdown", self._on_controlled_shutdown),
             ),
             await self._zk.watch_data(znodes.PREFERRED_REPLICA_ELECTION, self._on_preferred_election_znode),
+            await self._zk.watch_data(znodes.REASSIGN_PARTITIONS, self._on_reassignment_znode),
         ]
         await self._on_topics_changed()
+        # Reassignments a previous controller left in progress (KIP-455: the topic znodes hold them).
+        for topic, znode in self._topics.items():
+            for partition in sorted(set(znode.adding_replicas) | set(znode.removing_replicas)):
+                await self._watch_reassignment(topic, partition)
         if self._config.auto_leader_rebalance_enable:
             self._rebalance_task = asyncio.get_running_loop().create_task(self._rebalance_timer())
 
@@ -917,6 +929,160 @@ class Controller:
         with contextlib.suppress(MultiOpFailed):  # the request was withdrawn or made anew meanwhile
             await self._write([SetData(path, report.encode(), got[1].version)])
 
+    # -- partition reassignment (KIP-455 in the topic znode) -------------------------------------
+
+    def _on_reassignment_znode(self, data: bytes | None, _stat: ZnodeStat | None) -> None:
+        if data is not None:
+            self._enqueue("reassignment", self._on_reassignment_request)
+
+    async def _on_reassignment_request(self) -> None:
+        """Start every reassignment of /admin/reassign_partitions, then delete it: from then on the
+        topic znodes (replicas with adding_replicas/removing_replicas) hold the reassignments."""
+        if not self._active:
+            return
+        got = await self._zk.get_or_none(znodes.REASSIGN_PARTITIONS)
+        if got is None:
+            return
+        try:
+            requests = znodes.decode_reassignment(got[0])
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a malformed partition reassignment request")
+            requests = []
+        for request in requests:
+            await self._start_reassignment(request.topic, request.partition, request.replicas)
+        with contextlib.suppress(MultiOpFailed):
+            await self._write([Delete(znodes.REASSIGN_PARTITIONS, got[1].version)])
+
+    async def _start_reassignment(self, topic: str, partition: int, target: list[int]) -> None:
+        """Kafka's phase one: replicas = target + original (new replicas start following), adding =
+        target - original, removing = original - target; the leader epoch moves so the leader knows."""
+        got = await self._zk.get_or_none(znodes.topic_path(topic))
+        if got is None or not target or len(set(target)) != len(target):
+            log.warning(
+                "ignoring a reassignment", extra={"topic": topic, "partition": partition, "replicas": target}
+            )
+            return
+        znode = znodes.TopicZNode.decode(got[0])
+        current = znode.partitions.get(partition)
+        if current is None:
+            return
+        adding_now = znode.adding_replicas.get(partition, [])
+        original = [b for b in current if b not in adding_now]  # a reassignment in progress is replaced
+        replicas = target + [b for b in original if b not in target]
+        adding = [b for b in target if b not in original]
+        removing = [b for b in original if b not in target]
+        new = znodes.TopicZNode(
+            znode.topic_id,
+            {**znode.partitions, partition: replicas},
+            _with(znode.adding_replicas, partition, adding),
+            _with(znode.removing_replicas, partition, removing),
+        )
+        try:
+            await self._write([SetData(znodes.topic_path(topic), new.encode(), got[1].version)])
+        except MultiOpFailed:
+            self._enqueue_later(_RETRY_BACKOFF_MIN_S, "reassignment", self._on_reassignment_request)
+            return
+        self._topics[topic] = new
+        log.info(
+            "partition reassignment started",
+            extra={
+                "topic": topic,
+                "partition": partition,
+                "replicas": replicas,
+                "adding": adding,
+                "removing": removing,
+            },
+        )
+        await self._update_state(
+            topic,
+            partition,
+            lambda s: replace(s, leader_epoch=s.leader_epoch + 1, controller_epoch=self._epoch),
+            "reassignment started",
+        )
+        await self._watch_reassignment(topic, partition)
+
+    async def _watch_reassignment(self, topic: str, partition: int) -> None:
+        key = (topic, partition)
+        if key in self._reassignment_watches:
+            # Its state may already be in sync: look now, as the watch's first call would.
+            self._enqueue("reassignment-progress", partial(self._complete_reassignment, topic, partition))
+            return
+        self._reassignment_watches[key] = await self._zk.watch_data(
+            znodes.partition_state_path(topic, partition),
+            partial(self._on_reassigning_state, topic, partition),
+        )
+
+    def _on_reassigning_state(
+        self, topic: str, partition: int, _data: bytes | None, _stat: ZnodeStat | None
+    ) -> None:
+        self._enqueue("reassignment-progress", partial(self._complete_reassignment, topic, partition))
+
+    async def _complete_reassignment(self, topic: str, partition: int) -> None:
+        """Kafka's phase two, once every target replica is in the ISR: the leader moves into the
+        targets if it is not one, the removed replicas leave the ISR and the assignment, in one write."""
+        if not self._active:
+            return
+        topic_got = await self._zk.get_or_none(znodes.topic_path(topic))
+        state_got = await self._zk.get_or_none(znodes.partition_state_path(topic, partition))
+        znode = znodes.TopicZNode.decode(topic_got[0]) if topic_got else None
+        if (
+            topic_got is None
+            or znode is None
+            or state_got is None
+            or (partition not in znode.adding_replicas and partition not in znode.removing_replicas)
+        ):
+            watch = self._reassignment_watches.pop((topic, partition), None)
+            if watch is not None:
+                watch.cancel()
+            return
+        removing = znode.removing_replicas.get(partition, [])
+        target = [b for b in znode.partitions[partition] if b not in removing]
+        state = znodes.LeaderAndIsr.decode(state_got[0])
+        live = set(self._live)
+        if not set(target) <= set(state.isr):
+            return  # not in sync yet: the next ISR change calls again
+        leader: int | None = state.leader
+        if leader not in target or leader not in live:
+            leader = _first((b for b in target if b in live and b in state.isr), self._shutting_down)
+            if leader is None:
+                return  # no target replica alive: wait for one (a broker change brings this back)
+        new_state = replace(
+            state,
+            leader=leader,
+            isr=[b for b in state.isr if b in target],
+            leader_epoch=state.leader_epoch + 1,
+            controller_epoch=self._epoch,
+        )
+        new_znode = znodes.TopicZNode(
+            znode.topic_id,
+            {**znode.partitions, partition: target},
+            _with(znode.adding_replicas, partition, []),
+            _with(znode.removing_replicas, partition, []),
+        )
+        try:
+            await self._write(
+                [
+                    SetData(
+                        znodes.partition_state_path(topic, partition),
+                        new_state.encode(),
+                        state_got[1].version,
+                    ),
+                    SetData(znodes.topic_path(topic), new_znode.encode(), topic_got[1].version),
+                ]
+            )
+        except MultiOpFailed:
+            # The leader changed the ISR or the topic changed meanwhile: decide again.
+            self._enqueue("reassignment-progress", partial(self._complete_reassignment, topic, partition))
+            return
+        self._topics[topic] = new_znode
+        watch = self._reassignment_watches.pop((topic, partition), None)
+        if watch is not None:
+            watch.cancel()
+        log.info(
+            "partition reassignment completed",
+            extra={"topic": topic, "partition": partition, "replicas": target, "leader": leader},
+        )
+
     # -- preferred leader election ---------------------------------------------------------------
 
     def _on_preferred_election_znode(self, data: bytes | None, _stat: ZnodeStat | None) -> None:
@@ -984,3 +1150,11 @@ class Controller:
                     extra={"broker": broker, "imbalanced": len(imbalanced), "preferred": len(partitions)},
                 )
                 await self._elect_preferred(imbalanced, "auto leader rebalance")
+
+
+def _with(replicas: dict[int, list[int]], partition: int, brokers: list[int]) -> dict[int, list[int]]:
+    """``replicas`` with ``partition``'s entry set to ``brokers`` (removed when empty)."""
+    result = {p: r for p, r in replicas.items() if p != partition}
+    if brokers:
+        result[partition] = brokers
+    return result
