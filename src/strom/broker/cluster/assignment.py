@@ -72,18 +72,17 @@ def assign_replicas(
         if not rack_aware:
             replicas += [ids[_replica_index(first, shift, j, n)] for j in range(replication_factor - 1)]
         else:
+            # Kafka's walk: the shift steps over whole rounds of racks, and a candidate is skipped
+            # while its rack already holds a replica and some rack holds none (a broker holding one
+            # is always skipped). The walk visits every other broker, so it always ends.
             racks_used = {brokers[ids[first]]}
             k = 0
             while len(replicas) < replication_factor:
-                candidate = ids[_replica_index(first, shift, k, n)]
+                candidate = ids[_replica_index(first, shift * num_racks, k, n)]
                 k += 1
                 rack = brokers[candidate]
-                # A rack already used is skipped while some rack is unused; a broker never twice.
                 if candidate in replicas or (rack in racks_used and len(racks_used) < num_racks):
-                    if k < 2 * n:
-                        continue
-                    if candidate in replicas:
-                        continue
+                    continue
                 replicas.append(candidate)
                 racks_used.add(rack)
         assignment[p] = replicas
