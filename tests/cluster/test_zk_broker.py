@@ -350,3 +350,18 @@ def test_delete_topic_goes_through_the_controller(zk: KazooClient, brokers: list
         lambda: not any(d.name.startswith("doomed-") for b in brokers for d in b.data_dir.iterdir()),
         what="the replicas' logs deleted",
     )
+
+
+def test_a_crashed_broker_registers_again_once_its_old_session_expires(
+    zk: KazooClient, brokers: list[BrokerProcess]
+) -> None:
+    _wait(lambda: _registered(zk) == {1, 2}, what="both brokers registered")
+    old_owner = zk.exists(znodes.broker_path(2)).ephemeralOwner
+    brokers[1].restart(crash=True)  # SIGKILL: its registration lingers until the session expires
+    _wait(
+        lambda: (stat := zk.exists(znodes.broker_path(2))) is not None and stat.ephemeralOwner != old_owner,
+        timeout=2 * SESSION_TIMEOUT_MS / 1000 + 10,
+        what="the new session's registration",
+    )
+    metadata = AdminClient({"bootstrap.servers": brokers[1].bootstrap}).list_topics("durable", timeout=10)
+    assert sorted(metadata.brokers) == [1, 2]
