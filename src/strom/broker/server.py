@@ -4,36 +4,64 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import importlib
 import logging
 import resource
 import socket
 import time
+import uuid
 from collections import Counter, defaultdict
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
+from kazoo.exceptions import KazooException
+
+from strom.broker.cluster.assignment import InvalidReplicationFactorError
 from strom.broker.cluster.local import (
     InvalidTopicError,
     LocalControlPlane,
     TopicExistsError,
     validate_topic_name,
 )
-from strom.broker.cluster.metadata import TopicState
+from strom.broker.cluster.metadata import PartitionState, TopicState
+from strom.broker.cluster.zookeeper import (
+    NO_STATE_EPOCH,
+    CoordinatorUnavailableError,
+    LeaderNotAvailableError,
+    MetadataWaitTimeout,
+    ZkControlPlane,
+    with_retries,
+)
 from strom.broker.config import KafkaConfig
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, GroupMetadataManager
 from strom.broker.dispatcher import RequestDispatcher
 from strom.broker.handlers import HANDLERS
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
+from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
 from strom.storage import KafkaStorageError, Log, LogConfig, LogManager, StorageError
 
 log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK_SIZE = 1000
+# How long a cluster's admin operation waits for its effect when the request names no timeout
+# (Kafka's default request timeout).
+ADMIN_TIMEOUT_MS = 30_000
+# How long Metadata's auto-creation of a topic waits for its leaders in a cluster.
+AUTO_CREATE_WAIT_MS = 3_000
 
 T = TypeVar("T")
+
+
+def _controller_module() -> ModuleType:
+    """SHIM (integrator: import Controller and request_controlled_shutdown from
+    strom.broker.cluster.controller at the top instead). The controller is written in parallel;
+    imported by name so that this branch loads without it."""
+    return importlib.import_module("strom.broker.cluster.controller")
 
 
 def raise_open_file_limit() -> int:
@@ -71,20 +99,23 @@ def set_socket_buffer_sizes(sock: socket.socket, send_bytes: int, receive_bytes:
 
 
 class ProducerIdManager:
-    """Hands out producer ids from blocks reserved durably in the control plane."""
+    """Hands out producer ids from blocks reserved durably in the control plane (a file on a
+    single node, /latest_producer_id_block in a cluster)."""
 
-    def __init__(self, control_plane: LocalControlPlane) -> None:
-        self._control_plane = control_plane
+    def __init__(self, allocate_block: Callable[[], Awaitable[range]]) -> None:
+        self._allocate_block = allocate_block
         self._block = range(0)
         self._next = 0
+        self._lock = asyncio.Lock()
 
-    def generate(self) -> int:
-        if self._next >= self._block.stop:
-            self._block = self._control_plane.allocate_producer_id_block(PRODUCER_ID_BLOCK_SIZE)
-            self._next = self._block.start
-        producer_id = self._next
-        self._next += 1
-        return producer_id
+    async def generate(self) -> int:
+        async with self._lock:  # one block at a time: concurrent requests would each take one
+            if self._next >= self._block.stop:
+                self._block = await self._allocate_block()
+                self._next = self._block.start
+            producer_id = self._next
+            self._next += 1
+            return producer_id
 
 
 class BrokerServer:
@@ -92,10 +123,28 @@ class BrokerServer:
         self.config = config
         self.node_id = config.node_id
         log_dirs = [Path(d) for d in config.log_dirs]
-        self.control_plane = LocalControlPlane(log_dirs, self.node_id)
+        # Without zookeeper.connect the broker is a cluster of one with its embedded control plane.
+        self.cluster: ZkControlPlane | None = None
+        self._local: LocalControlPlane | None = None
+        self.control_plane: LocalControlPlane | ZkControlPlane
+        if config.in_cluster:
+            self.cluster = self.control_plane = ZkControlPlane(
+                config, log_dirs, self._topic_changed, self._brokers_changed
+            )
+            self.producer_ids = ProducerIdManager(self.cluster.allocate_producer_id_block)
+        else:
+            self._local = self.control_plane = LocalControlPlane(log_dirs, self.node_id)
+            self.producer_ids = ProducerIdManager(self._allocate_local_producer_ids)
         self.log_manager = LogManager(log_dirs)
         self.replica_manager = ReplicaManager(self.log_manager, self.log_config)
-        self.producer_ids = ProducerIdManager(self.control_plane)
+        # A cluster's controller (the broker contends for /controller) and the partition states
+        # this broker applied, (leader epoch, partition epoch) per partition, by topic.
+        self.controller: Any = None
+        self._applied: dict[TopicPartition, tuple[int, int]] = {}
+        self._hosted: dict[str, TopicState] = {}
+        self._dirty_topics: set[str] = set()
+        self._dirty = asyncio.Event()
+        self._cluster_ready = False
         self.group_coordinator = GroupCoordinator(
             GroupConfig(
                 min_session_timeout_ms=config.group_min_session_timeout_ms,
@@ -107,6 +156,8 @@ class BrokerServer:
             ),
             GroupMetadataManager(self.replica_manager, config.offsets_topic_num_partitions),
             self._request_offsets_topic,
+            # In a cluster the coordinator owns the groups of the offsets partitions this broker leads.
+            follows_leadership=config.in_cluster,
         )
         self._dispatcher = RequestDispatcher(self, HANDLERS)
         self._servers: list[asyncio.Server] = []
@@ -142,11 +193,13 @@ class BrokerServer:
         # changed nothing (no recovery, no checkpoint, no clean-shutdown marker).
         self.log_manager.lock_log_dirs()
         try:
+            if self.cluster is not None:
+                await self.cluster.start()
             await self._load_storage()
         except BaseException:
             # Storage half loaded: writing checkpoints now could lose entries of unloaded logs.
             self.log_manager.unlock_log_dirs()
-            self.control_plane.close()
+            await self._close_control_plane()
             raise
         self._storage_loaded = True
         loop = asyncio.get_running_loop()
@@ -181,6 +234,8 @@ class BrokerServer:
             self._tasks.append(
                 loop.create_task(self._every(self.config.cleaner_config.backoff_ms, self._clean_logs))
             )
+        if self.cluster is not None:
+            await self._join_cluster(self.cluster)
         log.info(
             "broker started",
             extra={"node_id": self.node_id, "ports": self.bound_ports, "cluster_id": self.cluster_id},
@@ -191,7 +246,10 @@ class BrokerServer:
         await asyncio.get_running_loop().run_in_executor(None, self._load_storage_blocking)
 
     def _load_storage_blocking(self) -> None:
-        self.control_plane.load()
+        if self.cluster is not None:
+            self._load_cluster_storage_blocking(self.cluster)
+            return
+        self.local_plane.load()
         topics = {t.name: t for t in self.control_plane.image.topics()}
         self.log_manager.startup(
             lambda name: self.log_config(topics[name]) if name in topics else LogConfig(),
@@ -205,7 +263,7 @@ class BrokerServer:
         """Place every loaded log that the control plane does not know. Nothing is deleted here
         except the logs of topics whose deletion the control plane recorded: a log of an unknown
         topic means the metadata file was lost, and the topic is rebuilt from its logs."""
-        deleting = self.control_plane.deleting_topic_ids
+        deleting = self.local_plane.deleting_topic_ids
         orphans: dict[str, list[Log]] = defaultdict(list)
         for log_ in self.log_manager.all_logs():
             known = topics.get(log_.topic)
@@ -228,11 +286,11 @@ class BrokerServer:
                 (pid for log_ in self.log_manager.all_logs() for pid in log_.producer_state.active_producers),
                 default=-1,
             )
-            self.control_plane.reserve_producer_ids_above(max_producer_id, PRODUCER_ID_BLOCK_SIZE)
-            self.control_plane.clear_deleting()
-            self.control_plane.write_now()
-        elif self.control_plane.lost:
-            self.control_plane.write_now()
+            self.local_plane.reserve_producer_ids_above(max_producer_id, PRODUCER_ID_BLOCK_SIZE)
+            self.local_plane.clear_deleting()
+            self.local_plane.write_now()
+        elif self.local_plane.lost:
+            self.local_plane.write_now()
 
     def _rebuild_topic(self, name: str, logs: list[Log]) -> None:
         """A topic with logs but no entry in the control plane: rebuild it from the logs' names and
@@ -251,7 +309,7 @@ class BrokerServer:
                 self._move_aside(log_, f"its topic id {topic_id} belongs to another topic")
             return
         if topic_id is None:
-            topic_id = self.control_plane.new_topic_id()
+            topic_id = self.local_plane.new_topic_id()
         kept = []
         for log_ in logs:
             if log_.topic_id is not None and log_.topic_id != topic_id:
@@ -267,10 +325,10 @@ class BrokerServer:
         topic = TopicState(
             name=name,
             topic_id=topic_id,
-            partitions=[self.control_plane.new_partition(p) for p in range(num_partitions)],
+            partitions=[self.local_plane.new_partition(p) for p in range(num_partitions)],
             configs=configs,
         )
-        self.control_plane.rebuild_topic(topic)
+        self.local_plane.rebuild_topic(topic)
         config = self.log_config(topic)
         for log_ in kept:
             log_.update_config(config)
@@ -286,11 +344,34 @@ class BrokerServer:
             },
         )
 
+    def _load_cluster_storage_blocking(self, cluster: ZkControlPlane) -> None:
+        """Load the logs; those ZooKeeper does not know for this broker are moved aside. The
+        partitions are hosted later, as the broker applies their states (``_apply_topic``)."""
+        topics = {t.name: t for t in cluster.image.topics()}
+        self.log_manager.startup(
+            lambda name: self.log_config(topics[name]) if name in topics else LogConfig(),
+            {name: topic.topic_id for name, topic in topics.items()},
+        )
+        for log_ in self.log_manager.all_logs():
+            known = topics.get(log_.topic)
+            if known is None:
+                self._move_aside(log_, "its topic does not exist in the cluster")
+            elif log_.topic_id is not None and log_.topic_id != known.topic_id:
+                self._move_aside(log_, f"topic id {log_.topic_id}, not the cluster's {known.topic_id}")
+            elif log_.partition >= len(known.partitions):
+                self._move_aside(log_, f"its topic has {len(known.partitions)} partitions")
+            elif self.node_id not in known.partitions[log_.partition].replicas:
+                self._move_aside(log_, "this broker is not among the partition's replicas")
+            elif log_.topic_id is None:
+                self.log_manager.assign_topic_id(log_, known.topic_id)
+
     def _move_aside(self, log_: Log, reason: str) -> None:
         self.log_manager.unregister_logs([(log_.topic, log_.partition)])
         self.log_manager.move_aside(log_, reason)
 
     async def stop(self) -> None:
+        if self.cluster is not None and self._cluster_ready:
+            await self._leave_cluster()
         for server in self._servers:
             server.close()
         for connection in list(self._connections):
@@ -301,13 +382,15 @@ class BrokerServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.group_coordinator.shutdown()
+        if self.cluster is not None:
+            await self.cluster.close()  # deregisters: the controller moves on without this broker
         self.replica_manager.wake_all_fetchers()
         # Admin operations in flight finish (or fail) before the logs close.
         async with self._admin_lock:
             if self._storage_loaded:
                 await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
                 self._storage_loaded = False
-            self.control_plane.close()
+            await self._close_control_plane()
         log.info("broker stopped", extra={"node_id": self.node_id})
 
     async def _every(self, interval_ms: int, job: object) -> None:
@@ -358,6 +441,149 @@ class BrokerServer:
         port = listener.port or (self.bound_ports[0] if self.bound_ports else 0)
         return host, port
 
+    # -- control planes ------------------------------------------------------------------------
+
+    @property
+    def local_plane(self) -> LocalControlPlane:
+        """The single node's embedded control plane (never in a cluster)."""
+        assert self._local is not None, "a cluster broker has no local control plane"
+        return self._local
+
+    async def _close_control_plane(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.close()
+        else:
+            self.local_plane.close()
+
+    async def _allocate_local_producer_ids(self) -> range:
+        # Synchronous, as it always was: once per block, the write queues behind any other.
+        return self.local_plane.allocate_producer_id_block(PRODUCER_ID_BLOCK_SIZE)
+
+    # -- cluster membership (zookeeper.connect set) -------------------------------------------
+
+    async def _join_cluster(self, cluster: ZkControlPlane) -> None:
+        """Once the broker listens: register, contend for the controller, host the partitions
+        ZooKeeper assigns to this broker (and follow every later change of their states)."""
+        host, port = self.advertised_endpoint()
+        listener = self.config.advertised_client_listener()
+        await cluster.register(cluster.registration([(listener.name, host, port)]))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._apply_cluster_changes()))
+        for topic in cluster.image.topics():
+            self._topic_changed(topic.name)
+        try:
+            controller = _controller_module()
+        except ModuleNotFoundError:  # SHIM (integrator: remove with _controller_module)
+            log.warning("no controller module on this branch: this broker never becomes the controller")
+        else:
+            self.controller = controller.Controller(cluster.zk, self.node_id, self.config)
+            await self.controller.start()
+        self._cluster_ready = True
+
+    async def _leave_cluster(self) -> None:
+        """Kafka's controlled shutdown: ask the controller to move leadership off this broker
+        (retried, with backoff), then stop contending for the controller."""
+        assert self.cluster is not None
+        self._cluster_ready = False
+        if self.config.controlled_shutdown_enable and self.controller is not None:
+            cluster = self.cluster
+            timeout_s = self.config.zookeeper_session_timeout_ms / 1000 + 10
+
+            async def attempt() -> bool:
+                done: bool = await _controller_module().request_controlled_shutdown(
+                    cluster.zk, self.node_id, timeout_s
+                )
+                return done
+
+            if not await with_retries(
+                attempt,
+                self.config.controlled_shutdown_max_retries,
+                self.config.controlled_shutdown_retry_backoff_ms / 1000,
+                "controlled shutdown",
+            ):
+                log.warning("controlled shutdown did not complete; shutting down anyway")
+        if self.controller is not None:
+            await self.controller.stop()
+
+    def _topic_changed(self, name: str) -> None:
+        """ZkControlPlane's notice: the topic's assignment, a partition state or its config
+        changed, or it is gone. The changes are applied in order by one task."""
+        self._dirty_topics.add(name)
+        self._dirty.set()
+
+    def _brokers_changed(self) -> None:
+        # Nothing to apply: Metadata, FindCoordinator and the fetchers read live_brokers directly.
+        pass
+
+    async def _apply_cluster_changes(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            while self._dirty_topics:
+                name = self._dirty_topics.pop()
+                try:
+                    await self._apply_topic(name)
+                except Exception:
+                    log.exception("applying a topic's state failed; retrying", extra={"topic": name})
+                    self._dirty_topics.add(name)
+                    await asyncio.sleep(1)
+
+    async def _apply_topic(self, name: str) -> None:
+        """Make this broker host what ZooKeeper says of ``name``: every partition whose replicas
+        include it, each at its newest state, in (leader epoch, partition epoch) order."""
+        topic = self.control_plane.image.topic(name)
+        hosted = self._hosted.get(name)
+        if hosted is not None and (topic is None or topic.topic_id != hosted.topic_id):
+            # Deleted (or deleted and created again): its replicas and offsets go.
+            del self._hosted[name]
+            for tp in [tp for tp in self._applied if tp.topic == name]:
+                del self._applied[tp]
+            self.group_coordinator.on_topic_deleted(name)
+            await self.replica_manager.stop_replicas(hosted)
+            log.info("deleted the replicas of a deleted topic", extra={"topic": name})
+        if topic is None:
+            return
+        if hosted is not None and hosted.configs != topic.configs:
+            self.replica_manager.update_config(topic)
+        for state in topic.partitions:
+            tp = TopicPartition(name, state.partition)
+            if state.partition_epoch == NO_STATE_EPOCH:
+                continue  # the controller has not elected its first leader yet
+            if self.node_id not in state.replicas:
+                if tp in self._applied:  # reassigned away from this broker
+                    del self._applied[tp]
+                    await self._stop_partition(tp)
+                continue
+            applied = self._applied.get(tp)
+            if applied is not None and applied >= (state.leader_epoch, state.partition_epoch):
+                continue
+            await self._apply_partition_state(topic, state)
+            self._applied[tp] = (state.leader_epoch, state.partition_epoch)
+        self._hosted[name] = topic
+
+    # SHIM (integrator: replace with the replication branch's ReplicaManager API). Until the merge
+    # the replica manager hosts every partition as its only replica: ``apply_partition_state``
+    # becomes ``await self.replica_manager.apply_partition_state(topic, state)``; the coordinator's
+    # leadership calls below become a listener registered once with
+    # ``self.replica_manager.add_leadership_listener(self.group_coordinator)``.
+    async def _apply_partition_state(self, topic: TopicState, state: PartitionState) -> None:
+        await self.replica_manager.create_partitions(dataclasses.replace(topic, partitions=[state]))
+        tp = TopicPartition(topic.name, state.partition)
+        if state.leader == self.node_id:
+            self.group_coordinator.on_become_leader(tp, state.leader_epoch)
+        else:
+            self.group_coordinator.on_become_follower(tp)
+
+    # SHIM (integrator: ``await self.replica_manager.stop_partitions([tp], delete=True)``).
+    async def _stop_partition(self, tp: TopicPartition) -> None:
+        self.group_coordinator.on_become_follower(tp)
+        topic = self._hosted.get(tp.topic)
+        if topic is not None:
+            await self.replica_manager.stop_replicas(
+                dataclasses.replace(
+                    topic, partitions=[p for p in topic.partitions if p.partition == tp.partition]
+                )
+            )
+
     # -- topic management (the embedded controller's operations) -----------------------------
     #
     # One at a time (Kafka's controller is single-threaded too): each persists the control plane's
@@ -367,7 +593,7 @@ class BrokerServer:
     async def _create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
         async with self._admin_lock:
             topic = await self._stage_and_create_logs(
-                self.control_plane.new_topic(name, num_partitions, configs)
+                self.local_plane.new_topic(name, num_partitions, configs)
             )
         log.info("created topic", extra={"topic": name, "partitions": num_partitions})
         return topic
@@ -386,17 +612,52 @@ class BrokerServer:
             # Also retrieves it: the requester may be gone, and its handler answers the error.
             log.debug("admin operation failed", extra={"error": str(task.exception())})
 
-    async def create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
-        return await self._admin(self._create_topic(name, num_partitions, configs))
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        configs: Mapping[str, str],
+        *,
+        replication_factor: int = -1,
+        assignment: Mapping[int, list[int]] | None = None,
+        timeout_ms: int | None = None,
+    ) -> uuid.UUID:
+        """Create a topic; returns its id. In a cluster: ``replication_factor`` (-1: the default)
+        or a manual ``assignment``, and MetadataWaitTimeout when its leaders are not elected
+        within ``timeout_ms`` (the topic exists nevertheless)."""
+        if self.cluster is not None:
+            if assignment is None:
+                rf = (
+                    self.config.default_replication_factor if replication_factor == -1 else replication_factor
+                )
+                assignment = self.cluster.assignment(num_partitions, rf)
+            return await self._admin(
+                self.cluster.create_topic(name, assignment, configs, self._timeout_s(timeout_ms))
+            )
+        return (await self._admin(self._create_topic(name, num_partitions, configs))).topic_id
 
-    async def delete_topic(self, name: str) -> TopicState | None:
+    async def delete_topic(self, name: str, timeout_ms: int | None = None) -> TopicState | None:
+        if self.cluster is not None:
+            return await self._admin(self.cluster.delete_topic(name, self._timeout_s(timeout_ms)))
         return await self._admin(self._delete_topic(name))
 
-    async def create_partitions(self, name: str, total: int) -> TopicState:
-        return await self._admin(self._create_partitions(name, total))
+    async def create_partitions(
+        self, name: str, total: int, assignment: list[list[int]] | None = None, timeout_ms: int | None = None
+    ) -> None:
+        if self.cluster is not None:
+            await self._admin(
+                self.cluster.create_partitions(name, total, assignment, self._timeout_s(timeout_ms))
+            )
+            return
+        await self._admin(self._create_partitions(name, total))
 
     async def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
+        if self.cluster is not None:
+            return await self._admin(self.cluster.set_topic_configs(name, configs, self._timeout_s(None)))
         return await self._admin(self._set_topic_configs(name, configs))
+
+    def _timeout_s(self, timeout_ms: int | None) -> float:
+        return (ADMIN_TIMEOUT_MS if timeout_ms is None else max(0, timeout_ms)) / 1000
 
     def _offsets_topic_configs(self) -> dict[str, str]:
         return {
@@ -406,20 +667,48 @@ class BrokerServer:
         }
 
     async def ensure_offsets_topic(self) -> None:
-        """Create ``__consumer_offsets`` on first use, compacted, as Kafka does."""
+        """Create ``__consumer_offsets`` on first use, compacted, as Kafka does.
+
+        In a cluster it has offsets.topic.replication.factor replicas and min.insync.replicas 2
+        (at most the factor); like Kafka, the broker refuses to create it with fewer live brokers
+        than the factor (CoordinatorUnavailableError: clients see COORDINATOR_NOT_AVAILABLE and retry).
+        """
         if self.control_plane.image.topic(OFFSETS_TOPIC) is not None:
             return
-        with contextlib.suppress(TopicExistsError):  # created meanwhile
-            await self.create_topic(
-                OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, self._offsets_topic_configs()
+        if self.cluster is None:
+            with contextlib.suppress(TopicExistsError):  # created meanwhile
+                await self.create_topic(
+                    OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, self._offsets_topic_configs()
+                )
+            return
+        factor = self.config.offsets_topic_replication_factor
+        live = len(self.cluster.live_brokers)
+        if live < factor:
+            raise CoordinatorUnavailableError(
+                f"Number of alive brokers '{live}' does not meet the required replication factor "
+                f"'{factor}' for the offsets topic (configured via 'offsets.topic.replication.factor'). "
+                "This error can be ignored if the cluster is starting up and not all brokers are up yet."
             )
+        configs = {**self._offsets_topic_configs(), "min.insync.replicas": str(min(2, factor))}
+        try:
+            await self.create_topic(
+                OFFSETS_TOPIC,
+                self.config.offsets_topic_num_partitions,
+                configs,
+                replication_factor=factor,
+                timeout_ms=ADMIN_TIMEOUT_MS,
+            )
+        except TopicExistsError:  # created meanwhile, by this broker or another
+            pass
+        except (MetadataWaitTimeout, InvalidReplicationFactorError, KazooException) as e:
+            raise CoordinatorUnavailableError(str(e)) from e
 
     async def prepare_offsets_topic(self) -> None:
         """Before a group request (JoinGroup, OffsetCommit): create ``__consumer_offsets`` if needed.
         A failure is logged; the coordinator then answers COORDINATOR_NOT_AVAILABLE."""
         try:
             await self.ensure_offsets_topic()
-        except StorageError as e:
+        except (StorageError, CoordinatorUnavailableError) as e:
             log.error("cannot create the offsets topic", extra={"error": str(e)})
 
     def _request_offsets_topic(self) -> None:
@@ -444,44 +733,48 @@ class BrokerServer:
             # An internal topic is created with its own layout, never with the defaults of user topics.
             await self.ensure_offsets_topic()
         else:
-            with contextlib.suppress(TopicExistsError):  # created meanwhile by another request
-                return await self.create_topic(name, self.config.num_partitions, {})
+            # Created meanwhile by another request; in a cluster, leaders not elected yet (the
+            # partitions answer LEADER_NOT_AVAILABLE and the client asks again).
+            with contextlib.suppress(TopicExistsError, MetadataWaitTimeout):
+                await self.create_topic(name, self.config.num_partitions, {}, timeout_ms=AUTO_CREATE_WAIT_MS)
         topic = self.control_plane.image.topic(name)
         if topic is None:
+            if self.cluster is not None:
+                raise LeaderNotAvailableError(f"topic {name} is being created")
             raise KafkaStorageError(f"topic {name} could not be created")
         return topic
 
     async def _delete_topic(self, name: str) -> TopicState | None:
         async with self._admin_lock:
-            topic = await self.control_plane.stage_removal(name)
+            topic = await self.local_plane.stage_removal(name)
             if topic is None:
                 return None
-            self.control_plane.apply(name)
+            self.local_plane.apply(name)
             self.group_coordinator.on_topic_deleted(name)
             await self.replica_manager.stop_replicas(topic)
-            await self.control_plane.finish_deletion([topic.topic_id])
+            await self.local_plane.finish_deletion([topic.topic_id])
         log.info("deleted topic", extra={"topic": name})
         return topic
 
     async def _create_partitions(self, name: str, total: int) -> TopicState:
         async with self._admin_lock:
-            return await self._stage_and_create_logs(self.control_plane.with_partitions(name, total))
+            return await self._stage_and_create_logs(self.local_plane.with_partitions(name, total))
 
     async def _stage_and_create_logs(self, topic: TopicState) -> TopicState:
         # The metadata first: a crash before the logs exist recreates them at startup.
-        await self.control_plane.stage(topic)
+        await self.local_plane.stage(topic)
         try:
             await self.replica_manager.create_partitions(topic)
         except BaseException:
-            await self.control_plane.abort(topic.name)
+            await self.local_plane.abort(topic.name)
             raise
-        self.control_plane.apply(topic.name)
+        self.local_plane.apply(topic.name)
         return topic
 
     async def _set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
         async with self._admin_lock:
-            topic = self.control_plane.with_configs(name, configs)
-            await self.control_plane.stage(topic)
-            self.control_plane.apply(name)
+            topic = self.local_plane.with_configs(name, configs)
+            await self.local_plane.stage(topic)
+            self.local_plane.apply(name)
             self.replica_manager.update_config(topic)
         return topic

@@ -33,7 +33,7 @@ from strom.broker.coordinator.group import (
     OffsetAndMetadata,
     SyncResult,
 )
-from strom.broker.coordinator.group_metadata_manager import GroupMetadataManager
+from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, GroupMetadataManager
 from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
 
@@ -75,6 +75,8 @@ class GroupCoordinator:
         manager: GroupMetadataManager,
         ensure_offsets_topic: Callable[[], None],
         time_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        *,
+        follows_leadership: bool = False,
     ) -> None:
         self.config = config
         self._manager = manager
@@ -82,20 +84,80 @@ class GroupCoordinator:
         self._time_ms = time_ms
         self._groups: dict[str, ClassicGroup] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        # In a cluster the coordinator owns only the groups of the offsets partitions this broker
+        # leads (Kafka's GroupCoordinator.onElection/onResignation); a single node owns them all.
+        self._follows_leadership = follows_leadership
+        self._owned: set[int] = set()
 
     # --- lifecycle -----------------------------------------------------------------------
 
     def startup(self) -> None:
-        """Load every group and offset; members of loaded groups must heartbeat within their timeout."""
+        """Load every group and offset; members of loaded groups must heartbeat within their timeout.
+        In a cluster nothing is loaded here: each partition's groups load when this broker becomes
+        its leader (``on_become_leader``)."""
         self._loop = asyncio.get_running_loop()
-        self._groups = self._manager.load()
-        for group in self._groups.values():
+        if not self._follows_leadership:
+            self._adopt(self._manager.load())
+
+    def _adopt(self, groups: dict[str, ClassicGroup]) -> None:
+        for group in groups.values():
+            self._groups[group.group_id] = group
             for member in group.members.values():
                 self._schedule_heartbeat_expiration(group, member)
 
     def shutdown(self) -> None:
         for group in self._groups.values():
             group.cancel_timers()
+
+    # --- leadership of the offsets topic's partitions (a cluster) --------------------------
+
+    def on_become_leader(self, tp: TopicPartition, leader_epoch: int) -> None:
+        """This broker now leads ``tp``: if it is an offsets partition, load its groups and
+        coordinate them from now on."""
+        if not self._follows_leadership or tp.topic != OFFSETS_TOPIC or tp.partition in self._owned:
+            return
+        self._owned.add(tp.partition)
+        self._adopt(self._manager.load([tp.partition]))
+        log.info(
+            "coordinating the groups of an offsets partition",
+            extra={"partition": tp.partition, "leader_epoch": leader_epoch},
+        )
+
+    def on_become_follower(self, tp: TopicPartition) -> None:
+        """This broker no longer leads ``tp``: unload its groups. Their members' waiting requests
+        answer NOT_COORDINATOR; the clients find the new coordinator and rejoin there."""
+        if not self._follows_leadership or tp.topic != OFFSETS_TOPIC or tp.partition not in self._owned:
+            return
+        self._owned.discard(tp.partition)
+        unloaded = 0
+        for group in [g for g in self._groups.values() if self._partition_of(g.group_id) == tp.partition]:
+            self._unload(group)
+            unloaded += 1
+        log.info(
+            "stopped coordinating an offsets partition", extra={"partition": tp.partition, "groups": unloaded}
+        )
+
+    def _unload(self, group: ClassicGroup) -> None:
+        group.cancel_timers()
+        for member in group.members.values():
+            if member.join_future is not None and not member.join_future.done():
+                member.join_future.set_result(
+                    JoinResult(ErrorCode.not_coordinator, member_id=member.member_id)
+                )
+            if member.sync_future is not None and not member.sync_future.done():
+                member.sync_future.set_result(SyncResult(ErrorCode.not_coordinator))
+        group.transition_to(GroupState.DEAD, self._time_ms())
+        del self._groups[group.group_id]
+
+    def _partition_of(self, group_id: str) -> int:
+        return self._manager.partition_of(group_id).partition
+
+    def coordinator_error(self, group_id: str) -> ErrorCode:
+        """NOT_COORDINATOR for a group this broker does not coordinate (in a cluster: the group's
+        offsets partition is led elsewhere), else NONE."""
+        if self._follows_leadership and self._partition_of(group_id) not in self._owned:
+            return ErrorCode.not_coordinator
+        return ErrorCode.none
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -113,6 +175,8 @@ class GroupCoordinator:
             <= self.config.max_session_timeout_ms
         ):
             return JoinResult(ErrorCode.invalid_session_timeout, member_id=req.member_id)
+        if (error := self.coordinator_error(req.group_id)) != ErrorCode.none:
+            return JoinResult(error, member_id=req.member_id)
         self._ensure_offsets_topic()
         group = self._groups.get(req.group_id)
         is_unknown_member = req.member_id == UNKNOWN_MEMBER_ID
@@ -478,6 +542,8 @@ class GroupCoordinator:
     def heartbeat(
         self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None
     ) -> ErrorCode:
+        if (error := self.coordinator_error(group_id)) != ErrorCode.none:
+            return error
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id
@@ -507,6 +573,8 @@ class GroupCoordinator:
         protocol_name: str | None,
         assignments: dict[str, bytes],
     ) -> SyncResult:
+        if (error := self.coordinator_error(group_id)) != ErrorCode.none:
+            return SyncResult(error)
         group = self._groups.get(group_id)
         if group is None:
             return SyncResult(ErrorCode.unknown_member_id)
@@ -566,6 +634,8 @@ class GroupCoordinator:
         self, group_id: str, members: list[tuple[str, str | None]]
     ) -> tuple[ErrorCode, list[ErrorCode]]:
         """Remove each (member id, group instance id); returns the group error and one error per member."""
+        if (error := self.coordinator_error(group_id)) != ErrorCode.none:
+            return error, [error for _ in members]
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.none, [ErrorCode.unknown_member_id for _ in members]
@@ -638,6 +708,8 @@ class GroupCoordinator:
     ) -> ErrorCode:
         if not group_id:
             return ErrorCode.invalid_group_id
+        if (error := self.coordinator_error(group_id)) != ErrorCode.none:
+            return error
         self._ensure_offsets_topic()
         group = self._groups.get(group_id)
         if group is None:
@@ -676,6 +748,8 @@ class GroupCoordinator:
     def delete_offsets(
         self, group_id: str, partitions: list[TopicPartition]
     ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
+        if (error := self.coordinator_error(group_id)) != ErrorCode.none:
+            return error, {}
         group = self._groups.get(group_id)
         if group is None or group.is_(GroupState.DEAD):
             return ErrorCode.group_id_not_found, {}
@@ -777,6 +851,8 @@ class GroupCoordinator:
             group = self._groups.get(group_id)
             if not group_id:
                 results[group_id] = ErrorCode.invalid_group_id
+            elif (error := self.coordinator_error(group_id)) != ErrorCode.none:
+                results[group_id] = error
             elif group is None or group.is_(GroupState.DEAD):
                 results[group_id] = ErrorCode.group_id_not_found
             elif not group.is_(GroupState.EMPTY):

@@ -164,13 +164,14 @@ class GroupMetadataManager:
 
     # --- loading -------------------------------------------------------------------------
 
-    def load(self) -> dict[str, ClassicGroup]:
-        """Every group and offset in the offsets topic, replayed in offset order."""
+    def load(self, partitions: Iterable[int] | None = None) -> dict[str, ClassicGroup]:
+        """Every group and offset in the offsets topic's ``partitions`` (None: all), replayed in
+        offset order."""
         started = time.monotonic()
         metadata: dict[str, GroupMetadataValue] = {}
         offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
         records = skipped = 0
-        for partition_index in range(self.num_partitions):
+        for partition_index in range(self.num_partitions) if partitions is None else partitions:
             partition = self._replica_manager.partition(TopicPartition(OFFSETS_TOPIC, partition_index))
             if partition is None or partition.offline:  # an offline log dir answers KAFKA_STORAGE_ERROR
                 continue

@@ -1,10 +1,11 @@
-"""DescribeCluster (60): the cluster id, controller and brokers (one, here)."""
+"""DescribeCluster (60): the cluster id, the controller and the live brokers."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from strom.broker.dispatcher import RequestContext
+from strom.broker.handlers.metadata import controller_id, live_brokers
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, build
 
@@ -27,16 +28,9 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
             brokers=(),
             cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         )
-    host, port = broker.advertised_endpoint()
-    brokers = (
-        build(
-            r.DescribeClusterBroker,
-            broker_id=broker.node_id,
-            host=host,
-            port=port,
-            rack=None,
-            is_fenced=False,
-        ),
+    brokers = tuple(
+        build(r.DescribeClusterBroker, broker_id=node_id, host=host, port=port, rack=rack, is_fenced=False)
+        for node_id, host, port, rack in live_brokers(ctx)
     )
     return build(
         r.DescribeClusterResponse,
@@ -44,7 +38,7 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
         error_message=None,
         endpoint_type=endpoint_type,
         cluster_id=broker.cluster_id,
-        controller_id=broker.node_id,
+        controller_id=controller_id(ctx),
         brokers=brokers,
         cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
     )

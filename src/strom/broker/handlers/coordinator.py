@@ -1,16 +1,19 @@
 """FindCoordinator (10): which broker coordinates a consumer group.
 
-On a single node that is always this broker. The first lookup creates
-``__consumer_offsets`` (as Kafka creates it on first use), so a group can write
-its state as soon as a client knows where to send it. Transactions do not exist
-yet: a transactional key gets a fatal error with a clear message, never a
-retriable one.
+On a single node that is always this broker. In a cluster it is the broker leading the
+group's partition of ``__consumer_offsets`` (COORDINATOR_NOT_AVAILABLE while that partition
+has no live leader). The first lookup creates ``__consumer_offsets`` (as Kafka creates it on
+first use), so a group can write its state as soon as a client knows where to send it.
+Transactions do not exist yet: a transactional key gets a fatal error with a clear message,
+never a retriable one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from strom.broker.cluster.zookeeper import CoordinatorUnavailableError
+from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, partition_for
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
@@ -19,33 +22,57 @@ from strom.storage import StorageError
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
 
+Lookup = tuple[ErrorCode, str | None, int, str, int]
 
-def _lookup(ctx: RequestContext, key_type: int) -> tuple[ErrorCode, str | None, int, str, int]:
+
+def _not_available(message: str | None) -> Lookup:
+    return ErrorCode.coordinator_not_available, message, -1, "", -1
+
+
+def _group_coordinator(ctx: RequestContext, key: str) -> Lookup:
+    broker = ctx.broker
+    cluster = broker.cluster
+    if cluster is None:
+        host, port = broker.advertised_endpoint()
+        return ErrorCode.none, None, broker.node_id, host, port
+    topic = cluster.image.topic(OFFSETS_TOPIC)
+    if topic is None or not topic.partitions:
+        return _not_available("The coordinator is not available.")
+    leader = topic.partitions[partition_for(key, len(topic.partitions))].leader
+    endpoint = cluster.broker_endpoint(leader) if leader >= 0 else None
+    if endpoint is None:
+        return _not_available("The coordinator is not available.")
+    return ErrorCode.none, None, leader, endpoint[0], endpoint[1]
+
+
+async def _lookup(ctx: RequestContext, key_type: int, keys: list[str]) -> list[Lookup]:
     if key_type == TRANSACTION_KEY_TYPE:
-        return (
+        refused: Lookup = (
             ErrorCode.transactional_id_authorization_failed,
             "Strom does not support transactions yet",
             -1,
             "",
             -1,
         )
+        return [refused for _ in keys]
     if key_type != GROUP_KEY_TYPE:
-        return ErrorCode.invalid_request, f"Unsupported coordinator key type {key_type}", -1, "", -1
-    host, port = ctx.broker.advertised_endpoint()
-    return ErrorCode.none, None, ctx.broker.node_id, host, port
+        return [
+            (ErrorCode.invalid_request, f"Unsupported coordinator key type {key_type}", -1, "", -1)
+            for _ in keys
+        ]
+    # The coordinator's topic is created on first use; its creation runs off the event loop.
+    try:
+        await ctx.broker.ensure_offsets_topic()
+    except (StorageError, CoordinatorUnavailableError) as exc:
+        return [_not_available(str(exc)) for _ in keys]
+    return [_group_coordinator(ctx, key) for key in keys]
 
 
 async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     key_type = getattr(request, "key_type", GROUP_KEY_TYPE)
-    error, message, node_id, host, port = _lookup(ctx, key_type)
-    if key_type == GROUP_KEY_TYPE:
-        # The coordinator's topic is created on first use; its creation runs off the event loop.
-        try:
-            await ctx.broker.ensure_offsets_topic()
-        except StorageError as exc:
-            error, message, node_id, host, port = ErrorCode.coordinator_not_available, str(exc), -1, "", -1
     if hasattr(request, "coordinator_keys"):  # v4+: batched lookups
+        keys = list(request.coordinator_keys)
         coordinators = tuple(
             build(
                 r.Coordinator,
@@ -56,9 +83,12 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
                 error_code=error,
                 error_message=message,
             )
-            for key in request.coordinator_keys
+            for key, (error, message, node_id, host, port) in zip(
+                keys, await _lookup(ctx, key_type, keys), strict=True
+            )
         )
         return build(r.FindCoordinatorResponse, coordinators=coordinators)
+    ((error, message, node_id, host, port),) = await _lookup(ctx, key_type, [request.key])
     return build(
         r.FindCoordinatorResponse,
         error_code=error,

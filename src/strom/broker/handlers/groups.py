@@ -127,6 +127,18 @@ def _described_group(ctx: RequestContext, group_id: str, group: ClassicGroup | N
             members=(),
             authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         )
+    not_coordinator = ctx.broker.group_coordinator.coordinator_error(group_id)
+    if not_coordinator != ErrorCode.none:
+        return build(
+            r.DescribedGroup,
+            error_code=not_coordinator,
+            group_id=group_id,
+            group_state="",
+            protocol_type="",
+            protocol_data="",
+            members=(),
+            authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+        )
     if group is None:
         # v6 reports the missing group; older versions describe it as Dead.
         error = ErrorCode.group_id_not_found if ctx.version >= 6 else ErrorCode.none

@@ -5,8 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from strom.broker.cluster.assignment import InvalidReplicationFactorError
 from strom.broker.cluster.local import InvalidTopicError, validate_topic_name
-from strom.broker.cluster.metadata import TopicState
+from strom.broker.cluster.metadata import PartitionState, TopicState
+from strom.broker.cluster.zookeeper import LeaderNotAvailableError
 from strom.broker.dispatcher import RequestContext
 from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
@@ -14,30 +16,62 @@ from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, ZERO_UUID, bu
 from strom.storage import StorageError
 
 
+def live_brokers(ctx: RequestContext) -> list[tuple[int, str, int, str | None]]:
+    """(id, host, port, rack) of every live broker: this one alone on a single node, every
+    registration in ZooKeeper in a cluster."""
+    cluster = ctx.broker.cluster
+    if cluster is None:
+        host, port = ctx.broker.advertised_endpoint()
+        return [(ctx.broker.node_id, host, port, None)]
+    brokers = []
+    for broker_id, registration in sorted(cluster.live_brokers.items()):
+        endpoint = registration.endpoint()
+        if endpoint is not None:
+            brokers.append((broker_id, endpoint[0], endpoint[1], registration.rack))
+    return brokers
+
+
+def controller_id(ctx: RequestContext) -> int:
+    cluster = ctx.broker.cluster
+    return ctx.broker.node_id if cluster is None else cluster.controller_id
+
+
 def broker_entities(ctx: RequestContext, entity_type: type[Any]) -> tuple[Any, ...]:
-    host, port = ctx.broker.advertised_endpoint()
-    return (build(entity_type, node_id=ctx.broker.node_id, host=host, port=port, rack=None),)
+    return tuple(
+        build(entity_type, node_id=node_id, host=host, port=port, rack=rack)
+        for node_id, host, port, rack in live_brokers(ctx)
+    )
+
+
+def _partition_entity(ctx: RequestContext, topic: str, p: PartitionState) -> Any:
+    cluster = ctx.broker.cluster
+    if cluster is None:
+        # A partition on a failed log dir has no leader, as Kafka's controller reports it once the
+        # broker's only replica is offline: LEADER_NOT_AVAILABLE, this node among the offline replicas.
+        offline = ctx.broker.replica_manager.is_offline(TopicPartition(topic, p.partition))
+        leader = -1 if offline else p.leader
+        offline_replicas = tuple(p.replicas) if offline else ()
+    else:
+        # As Kafka's metadata cache: replicas on brokers that are not alive are offline, and a leader
+        # that is not alive (the controller has yet to move leadership) is no leader.
+        live = cluster.live_brokers
+        leader = p.leader if p.leader in live else -1
+        offline_replicas = tuple(b for b in p.replicas if b not in live)
+    return build(
+        ctx.response.MetadataResponsePartition,
+        error_code=ErrorCode.leader_not_available if leader == -1 else ErrorCode.none,
+        partition_index=p.partition,
+        leader_id=leader,
+        leader_epoch=p.leader_epoch,
+        replica_nodes=tuple(p.replicas),
+        isr_nodes=tuple(p.isr),
+        offline_replicas=offline_replicas,
+    )
 
 
 def _topic_entity(ctx: RequestContext, topic: TopicState) -> Any:
     r = ctx.response
-    replica_manager = ctx.broker.replica_manager
-    partitions = tuple(
-        # A partition on a failed log dir has no leader, as Kafka's controller reports it once the
-        # broker's only replica is offline: LEADER_NOT_AVAILABLE, this node among the offline replicas.
-        build(
-            r.MetadataResponsePartition,
-            error_code=ErrorCode.leader_not_available if offline else ErrorCode.none,
-            partition_index=p.partition,
-            leader_id=-1 if offline else p.leader,
-            leader_epoch=p.leader_epoch,
-            replica_nodes=tuple(p.replicas),
-            isr_nodes=tuple(p.isr),
-            offline_replicas=tuple(p.replicas) if offline else (),
-        )
-        for p in topic.partitions
-        for offline in (replica_manager.is_offline(TopicPartition(topic.name, p.partition)),)
-    )
+    partitions = tuple(_partition_entity(ctx, topic.name, p) for p in topic.partitions)
     return build(
         r.MetadataResponseTopic,
         error_code=ErrorCode.none,
@@ -102,13 +136,17 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 except StorageError:
                     topics.append(_error_topic(ctx, ErrorCode.kafka_storage_error, name, None))
                     continue
+                except (LeaderNotAvailableError, InvalidReplicationFactorError) as exc:
+                    # In a cluster: being created, or more replicas asked than brokers are alive.
+                    topics.append(_error_topic(ctx, ErrorCode(exc.error_code), name, None))
+                    continue
             topics.append(_topic_entity(ctx, topic))
     r = ctx.response
     return build(
         r.MetadataResponse,
         brokers=broker_entities(ctx, r.MetadataResponseBroker),
         cluster_id=broker.cluster_id,
-        controller_id=broker.node_id,
+        controller_id=controller_id(ctx),
         topics=tuple(topics),
         cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         error_code=ErrorCode.none,

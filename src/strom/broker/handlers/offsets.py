@@ -125,18 +125,24 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
                         group.topics,
                         r.OffsetFetchResponseTopics,
                         r.OffsetFetchResponsePartitions,
-                    ),
-                    error_code=ErrorCode.none,
+                    )
+                    if error == ErrorCode.none
+                    else (),
+                    error_code=error,
                 )
                 for group in request.groups
+                for error in (ctx.broker.group_coordinator.coordinator_error(group.group_id),)
             ),
         )
+    error = ctx.broker.group_coordinator.coordinator_error(request.group_id)
     return build(
         r.OffsetFetchResponse,
         topics=_fetch_group_topics(
             ctx, request.group_id, request.topics, r.OffsetFetchResponseTopic, r.OffsetFetchResponsePartition
-        ),
-        error_code=ErrorCode.none,
+        )
+        if error == ErrorCode.none
+        else (),
+        error_code=error,
     )
 
 

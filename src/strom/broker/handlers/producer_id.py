@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kazoo.exceptions import KazooException
+
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
@@ -35,10 +37,10 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
             producer_epoch=-1,
         )
     try:
-        producer_id = ctx.broker.producer_ids.generate()
-    except KafkaStorageError as exc:
-        # No new block of ids could be made durable (a full disk): Kafka answers a retriable
-        # COORDINATOR_LOAD_IN_PROGRESS while its producer id manager has no block, and so do we.
+        producer_id = await ctx.broker.producer_ids.generate()
+    except (KafkaStorageError, KazooException) as exc:
+        # No new block of ids could be made durable (a full disk, ZooKeeper unreachable): Kafka answers
+        # a retriable COORDINATOR_LOAD_IN_PROGRESS while its producer id manager has no block, and so do we.
         log.error("cannot allocate producer ids", extra={"error": str(exc)})
         return build(
             r.InitProducerIdResponse,
@@ -46,4 +48,6 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
             producer_id=NO_PRODUCER_ID,
             producer_epoch=-1,
         )
-    return build(r.InitProducerIdResponse, error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=0)
+    return build(
+        r.InitProducerIdResponse, error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=0
+    )

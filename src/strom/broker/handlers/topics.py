@@ -8,11 +8,14 @@ every topic answered POLICY_VIOLATION, before anything is allocated.
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from collections import Counter
 from typing import Any
 
+from strom.broker.cluster.assignment import InvalidReplicationFactorError
 from strom.broker.cluster.local import InvalidTopicError, TopicExistsError, validate_topic_name
+from strom.broker.cluster.zookeeper import MetadataWaitTimeout
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import ZERO_UUID, build
@@ -28,19 +31,31 @@ class TopicRequestError(Exception):
         self.error = error
 
 
+def _timeout_ms(request: Any) -> int:
+    """The request's timeout (how long a cluster's admin operation waits for its effect)."""
+    timeout = request.timeout
+    return int(timeout.total_seconds() * 1000) if isinstance(timeout, datetime.timedelta) else int(timeout)
+
+
+def _registered_brokers(ctx: RequestContext) -> set[int]:
+    cluster = ctx.broker.cluster
+    return {ctx.broker.node_id} if cluster is None else set(cluster.live_brokers)
+
+
 def _check_assignments(
     ctx: RequestContext, assignments: list[tuple[int, ...]], replication_factor: int
 ) -> None:
+    registered = _registered_brokers(ctx)
     for broker_ids in assignments:
         if (
             not broker_ids
-            or any(b != ctx.broker.node_id for b in broker_ids)
+            or any(b not in registered for b in broker_ids)
             or len(set(broker_ids)) != len(broker_ids)
         ):
             raise TopicRequestError(
                 ErrorCode.invalid_replica_assignment,
                 f"Replica assignment {list(broker_ids)} names brokers that are not registered "
-                f"(the only broker is {ctx.broker.node_id}) or repeats one.",
+                f"(the registered brokers are {sorted(registered)}) or repeats one.",
             )
         if replication_factor > 0 and len(broker_ids) != replication_factor:
             raise TopicRequestError(
@@ -48,9 +63,18 @@ def _check_assignments(
             )
 
 
-def _check_replication_factor(replication_factor: int) -> None:
-    # One registered broker: a replica set can have at most one member.
-    if replication_factor > 1:
+def _check_replication_factor(ctx: RequestContext, replication_factor: int) -> None:
+    cluster = ctx.broker.cluster
+    if cluster is not None:
+        if replication_factor > len(cluster.live_brokers):
+            # Kafka's AdminUtils message (ZooKeeper mode).
+            raise TopicRequestError(
+                ErrorCode.invalid_replication_factor,
+                f"Replication factor: {replication_factor} larger than available brokers: "
+                f"{len(cluster.live_brokers)}.",
+            )
+    elif replication_factor > 1:
+        # One registered broker: a replica set can have at most one member.
         raise TopicRequestError(
             ErrorCode.invalid_replication_factor,
             f"Unable to replicate the partition {replication_factor} time(s): The target replication factor "
@@ -120,7 +144,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                 raise TopicRequestError(
                     ErrorCode.invalid_partitions, "Number of partitions must be larger than 0."
                 )
-            _check_replication_factor(replication_factor)
+            _check_replication_factor(ctx, replication_factor)
             try:
                 LogConfig.from_props(configs, broker.config.log_config_defaults())
             except InvalidConfigError as exc:
@@ -128,11 +152,24 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
             topic_id = ZERO_UUID
             if not request.validate_only:
                 try:
-                    topic_id = (await broker.create_topic(topic.name, num_partitions, configs)).topic_id
+                    topic_id = await broker.create_topic(
+                        topic.name,
+                        num_partitions,
+                        configs,
+                        replication_factor=replication_factor,
+                        assignment={a.partition_index: list(a.broker_ids) for a in topic.assignments} or None,
+                        timeout_ms=_timeout_ms(request),
+                    )
                 except TopicExistsError as exc:  # created meanwhile by another request
                     raise TopicRequestError(ErrorCode.topic_already_exists, str(exc)) from exc
                 except KafkaStorageError as exc:
                     raise TopicRequestError(ErrorCode.kafka_storage_error, str(exc)) from exc
+                except InvalidReplicationFactorError as exc:  # brokers left meanwhile
+                    raise TopicRequestError(ErrorCode.invalid_replication_factor, str(exc)) from exc
+                except MetadataWaitTimeout as exc:
+                    # Created, but its leaders were not elected within the request's timeout (Kafka too
+                    # answers REQUEST_TIMED_OUT; the topic exists).
+                    raise TopicRequestError(ErrorCode.request_timed_out, str(exc)) from exc
         except TopicRequestError as exc:
             results.append(
                 build(
@@ -196,10 +233,12 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
             error, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
         else:
             try:
-                if await broker.delete_topic(topic.name) is None:  # deleted meanwhile
+                if await broker.delete_topic(topic.name, _timeout_ms(request)) is None:  # deleted meanwhile
                     error = ErrorCode.unknown_topic_or_partition
             except KafkaStorageError as exc:
                 error, message = ErrorCode.kafka_storage_error, str(exc)
+            except MetadataWaitTimeout as exc:  # marked for deletion; the controller finishes it
+                error, message = ErrorCode.request_timed_out, str(exc)
         results.append(
             build(
                 r.DeletableTopicResult,
@@ -260,9 +299,22 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
                 _check_assignments(
                     ctx, [tuple(a.broker_ids) for a in topic.assignments], len(current.partitions[0].replicas)
                 )
+            elif broker.cluster is not None:
+                _check_replication_factor(ctx, len(current.partitions[0].replicas))
             if not request.validate_only:
                 try:
-                    await broker.create_partitions(topic.name, topic.count)
+                    await broker.create_partitions(
+                        topic.name,
+                        topic.count,
+                        [list(a.broker_ids) for a in topic.assignments]
+                        if topic.assignments is not None
+                        else None,
+                        _timeout_ms(request),
+                    )
+                except MetadataWaitTimeout as exc:
+                    raise TopicRequestError(ErrorCode.request_timed_out, str(exc)) from exc
+                except InvalidReplicationFactorError as exc:
+                    raise TopicRequestError(ErrorCode.invalid_replication_factor, str(exc)) from exc
                 except KeyError as exc:  # deleted meanwhile
                     raise TopicRequestError(
                         ErrorCode.unknown_topic_or_partition, f"The topic '{topic.name}' does not exist."

@@ -1,0 +1,642 @@
+"""The broker's side of a cluster on ZooKeeper (Kafka's KafkaZkClient + AdminZkClient, broker half).
+
+``ZkControlPlane`` connects the broker to ZooKeeper, makes sure the cluster id there matches the
+one in its log dirs' meta.properties, registers the broker (ephemeral ``/brokers/ids/N``), and
+watches what the cluster's metadata is made of: the live brokers, the controller, every topic's
+assignment, every partition's state znode and every topic's config. From them it keeps a
+``MetadataImage`` (the same class the single-node control plane keeps), whose
+``PartitionState.partition_epoch`` is the version of the partition's state znode, and tells the
+broker which topic changed. The broker applies those changes (see BrokerServer).
+
+It also makes the writes a broker makes in Kafka's ZooKeeper mode: topics (assignment and config
+in one multi-op), partitions, topic deletion requests, topic configs with their change
+notification, producer id blocks, and, for the replication layer (``ClusterLink``), the leader's
+conditional write of a partition's ISR. Everything ZooKeeper does happens off the event loop
+(AsyncZooKeeper); the watch callbacks run on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from kazoo.exceptions import BadVersionError
+
+from strom.broker.cluster.assignment import assign_replicas
+from strom.broker.cluster.local import META_PROPERTIES, TopicExistsError, validate_topic_name
+from strom.broker.cluster.metadata import MetadataImage, PartitionState, TopicState
+from strom.broker.config import KafkaConfig
+from strom.broker.zk import znodes
+from strom.broker.zk.client import (
+    AsyncZooKeeper,
+    Create,
+    MultiOpFailed,
+    NodeExistsError,
+    NoNodeError,
+    SessionState,
+    SetData,
+    Watch,
+    ZnodeStat,
+)
+from strom.storage.checkpoint import write_atomically
+
+log = logging.getLogger(__name__)
+
+# A partition whose state znode the controller has not written yet: no leader, no epoch.
+NO_STATE_EPOCH = -1
+
+
+class InconsistentClusterIdError(RuntimeError):
+    """The log dirs belong to another cluster than the one in ZooKeeper (Kafka's
+    InconsistentClusterIdException): the broker refuses to start rather than mix data."""
+
+
+class UnknownTopicError(KeyError):
+    pass
+
+
+class CoordinatorUnavailableError(Exception):
+    """The group coordinator's topic cannot be created or has no leader yet."""
+
+    error_code = 15  # COORDINATOR_NOT_AVAILABLE
+
+
+class LeaderNotAvailableError(Exception):
+    error_code = 5  # LEADER_NOT_AVAILABLE
+
+
+class MetadataWaitTimeout(TimeoutError):
+    """A write to ZooKeeper succeeded but its effect (leaders elected, a topic deleted) did not
+    show within the request's timeout; Kafka answers REQUEST_TIMED_OUT then."""
+
+
+@dataclasses.dataclass(slots=True)
+class _TopicWatches:
+    watches: list[Watch] = dataclasses.field(default_factory=list)
+    partitions: dict[int, Watch] = dataclasses.field(default_factory=dict)
+
+    def cancel(self) -> None:
+        for watch in [*self.watches, *self.partitions.values()]:
+            watch.cancel()
+
+
+def read_meta_properties(log_dirs: list[Path]) -> dict[Path, dict[str, str]]:
+    """Each log dir's meta.properties (absent ones omitted)."""
+    found = {}
+    for log_dir in log_dirs:
+        path = log_dir / META_PROPERTIES
+        if path.exists():
+            found[log_dir] = dict(
+                line.split("=", 1)
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if "=" in line and not line.startswith("#")
+            )
+    return found
+
+
+def new_cluster_id() -> str:
+    return znodes.encode_uuid(uuid.uuid4())
+
+
+class ZkControlPlane:
+    """The cluster's metadata as this broker sees it in ZooKeeper, and the broker's writes there."""
+
+    def __init__(
+        self,
+        config: KafkaConfig,
+        log_dirs: list[Path],
+        on_topic_changed: Callable[[str], None],
+        on_brokers_changed: Callable[[], None],
+    ) -> None:
+        assert config.zookeeper_connect is not None
+        self.config = config
+        self.node_id = config.node_id
+        self.log_dirs = log_dirs
+        self.image = MetadataImage()
+        self.cluster_id = ""
+        self.live_brokers: dict[int, znodes.BrokerRegistration] = {}
+        # Broker epochs: the creation zxid of each live broker's registration (a restart changes it).
+        self.broker_epochs: dict[int, int] = {}
+        self.controller_id = -1
+        self._on_topic_changed = on_topic_changed
+        self._on_brokers_changed = on_brokers_changed
+        self._zk: AsyncZooKeeper | None = None
+        self._topics: dict[str, znodes.TopicZNode] = {}
+        self._configs: dict[str, dict[str, str]] = {}
+        self._states: dict[tuple[str, int], tuple[znodes.LeaderAndIsr, int]] = {}
+        self._topic_watches: dict[str, _TopicWatches] = {}
+        self._broker_watches: dict[int, Watch] = {}
+        self._loading: dict[str, list[asyncio.Task[None]]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._changed = asyncio.Event()
+        self._registration: bytes | None = None
+        self._session_expired = False
+        self._closing = False
+
+    @property
+    def zk(self) -> AsyncZooKeeper:
+        assert self._zk is not None, "the control plane has not started"
+        return self._zk
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, create Kafka's top-level paths, settle the cluster id, and load the metadata
+        (with its watches). The broker registers later (``register``), once it listens."""
+        assert self.config.zookeeper_connect is not None
+        self._zk = AsyncZooKeeper(
+            self.config.zookeeper_connect,
+            self.config.zookeeper_session_timeout_ms,
+            self.config.zookeeper_connection_timeout_ms,
+        )
+        self._zk.add_session_listener(self._on_session)
+        await self._zk.start()
+        for path in znodes.PERSISTENT_PATHS:
+            await self._zk.ensure_path(path)
+        await self._settle_cluster_id()
+        await self._zk.watch_data(znodes.CONTROLLER, self._on_controller)
+        await self._zk.watch_children(znodes.BROKER_IDS, self._on_broker_ids)
+        await asyncio.gather(
+            *(self._watch_topic(name) for name in await self._zk.get_children(znodes.TOPICS))
+        )
+        await self._zk.watch_children(znodes.TOPICS, self._on_topic_names)
+        log.info(
+            "connected to ZooKeeper",
+            extra={
+                "zookeeper": self.config.zookeeper_connect,
+                "cluster_id": self.cluster_id,
+                "topics": len(self._topics),
+                "brokers": sorted(self.live_brokers),
+            },
+        )
+
+    async def close(self) -> None:
+        """Close the session: the registration (an ephemeral znode) goes at once."""
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._zk is not None:
+            await self._zk.stop()
+
+    async def _settle_cluster_id(self) -> None:
+        loop = asyncio.get_running_loop()
+        props = await loop.run_in_executor(None, read_meta_properties, self.log_dirs)
+        local = {p.get("cluster.id", "") for p in props.values()} - {""}
+        if len(local) > 1:
+            raise InconsistentClusterIdError(f"the log dirs belong to different clusters: {sorted(local)}")
+        for log_dir, p in props.items():
+            node = p.get("node.id") or p.get("broker.id")
+            if node is not None and int(node) != self.node_id:
+                raise InconsistentClusterIdError(
+                    f"log dir {log_dir} belongs to broker {node}, not {self.node_id}"
+                )
+        proposed = next(iter(local), None) or new_cluster_id()
+        with contextlib.suppress(NodeExistsError):
+            await self.zk.create(znodes.CLUSTER_ID, znodes.ClusterIdZNode(proposed).encode(), makepath=True)
+        data, _ = await self.zk.get(znodes.CLUSTER_ID)
+        self.cluster_id = znodes.ClusterIdZNode.decode(data).id
+        if local and self.cluster_id not in local:
+            raise InconsistentClusterIdError(
+                f"the cluster id in ZooKeeper, {self.cluster_id}, does not match the one in the log dirs "
+                f"({next(iter(local))}): these log dirs belong to another cluster"
+            )
+        missing = [d for d in self.log_dirs if d not in props]
+        text = f"version=0\ncluster.id={self.cluster_id}\nbroker.id={self.node_id}\n"
+
+        def write() -> None:
+            for log_dir in missing:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                write_atomically(log_dir / META_PROPERTIES, text.encode("utf-8"))
+
+        await loop.run_in_executor(None, write)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None and not self._closing:
+                log.error("ZooKeeper task failed", extra={"task": what, "error": repr(t.exception())})
+
+        task.add_done_callback(done)
+        return task
+
+    # -- registration -------------------------------------------------------------------------
+
+    def registration(self, endpoints: list[tuple[str, str, int]]) -> znodes.BrokerRegistration:
+        """``endpoints``: (listener name, host, port) for each advertised listener."""
+        return znodes.BrokerRegistration(
+            broker_id=self.node_id,
+            endpoints=tuple(f"{name}://{host}:{port}" for name, host, port in endpoints),
+            listener_security_protocol_map={name: "PLAINTEXT" for name, _, _ in endpoints},
+            rack=self.config.broker_rack,
+        )
+
+    async def register(self, registration: znodes.BrokerRegistration) -> None:
+        """Create /brokers/ids/N. A registration left by an earlier session of this broker (a crash
+        and a quick restart) lingers until that session expires: retry until then."""
+        self._registration = registration.encode()
+        await self._register()
+
+    async def _register(self) -> None:
+        assert self._registration is not None
+        path = znodes.broker_path(self.node_id)
+        deadline = time.monotonic() + 2 * self.config.zookeeper_session_timeout_ms / 1000
+        while True:
+            try:
+                await self.zk.create(path, self._registration, ephemeral=True)
+                break
+            except NodeExistsError:
+                existing = await self.zk.exists(path)
+                if existing is not None and existing.ephemeralOwner == self.zk.session_id:
+                    break  # ours: created by a try whose answer the connection lost
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"broker {self.node_id} is already registered in ZooKeeper by another session; "
+                        "is another broker running with the same broker.id?"
+                    ) from None
+                await asyncio.sleep(0.2)
+        log.info("registered in ZooKeeper", extra={"broker": self.node_id, "path": path})
+
+    def _on_session(self, state: str) -> None:
+        if state == SessionState.EXPIRED:
+            log.warning("ZooKeeper session expired", extra={"broker": self.node_id})
+            self._session_expired = True
+        elif state == SessionState.CONNECTED and self._session_expired and not self._closing:
+            # A new session: the old one's ephemeral registration is gone, register again.
+            self._session_expired = False
+            if self._registration is not None:
+                self._spawn(self._register(), "re-register")
+
+    # -- brokers and the controller ----------------------------------------------------------
+
+    def _on_controller(self, data: bytes | None, stat: ZnodeStat | None) -> None:
+        previous = self.controller_id
+        self.controller_id = znodes.ControllerZNode.decode(data).broker_id if data else -1
+        if previous != self.controller_id:
+            log.info("controller changed", extra={"controller": self.controller_id})
+            self._signal()
+
+    def _on_broker_ids(self, children: list[str]) -> None:
+        ids = {int(c) for c in children if c.isdigit()}
+        for gone in set(self._broker_watches) - ids:
+            self._broker_watches.pop(gone).cancel()
+            self._broker_gone(gone)
+        for new in ids - set(self._broker_watches):
+            self._broker_watches[new] = Watch()  # a placeholder until the watch is armed
+            self._spawn(self._watch_broker(new), f"watch broker {new}")
+
+    async def _watch_broker(self, broker_id: int) -> None:
+        def on_data(data: bytes | None, stat: ZnodeStat | None) -> None:
+            if data is None or stat is None:
+                self._broker_gone(broker_id)
+                return
+            self.live_brokers[broker_id] = znodes.BrokerRegistration.decode(broker_id, data)
+            self.broker_epochs[broker_id] = stat.czxid
+            self._signal()
+            self._on_brokers_changed()
+
+        placeholder = self._broker_watches.get(broker_id)
+        watch = await self.zk.watch_data(znodes.broker_path(broker_id), on_data)
+        if self._broker_watches.get(broker_id) is placeholder and placeholder is not None:
+            self._broker_watches[broker_id] = watch
+        else:  # gone meanwhile
+            watch.cancel()
+
+    def _broker_gone(self, broker_id: int) -> None:
+        if self.live_brokers.pop(broker_id, None) is not None:
+            self.broker_epochs.pop(broker_id, None)
+            self._signal()
+            self._on_brokers_changed()
+
+    def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        registration = self.live_brokers.get(broker_id)
+        return registration.endpoint() if registration is not None else None
+
+    def broker_racks(self) -> dict[int, str | None]:
+        return {b: r.rack for b, r in self.live_brokers.items()}
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def _on_topic_names(self, children: list[str]) -> None:
+        names = set(children)
+        for gone in set(self._topic_watches) - names:
+            self._forget_topic(gone)
+        for new in names - set(self._topic_watches):
+            self._spawn(self._watch_topic(new), f"watch topic {new}")
+
+    async def _watch_topic(self, name: str) -> None:
+        if name in self._topic_watches:
+            return
+        watches = self._topic_watches[name] = _TopicWatches()
+        topic_watch = await self.zk.watch_data(
+            znodes.topic_path(name), lambda data, stat: self._on_topic_data(name, data)
+        )
+        config_watch = await self.zk.watch_data(
+            znodes.topic_config_path(name), lambda data, stat: self._on_topic_config(name, data)
+        )
+        if self._topic_watches.get(name) is not watches:  # deleted meanwhile
+            topic_watch.cancel()
+            config_watch.cancel()
+            return
+        watches.watches += [topic_watch, config_watch]
+        await asyncio.gather(*self._loading.pop(name, []))
+
+    def _on_topic_data(self, name: str, data: bytes | None) -> None:
+        watches = self._topic_watches.get(name)
+        if watches is None:
+            return
+        if data is None:
+            self._forget_topic(name)
+            return
+        topic = znodes.TopicZNode.decode(data)
+        self._topics[name] = topic
+        for partition in topic.partitions:
+            if partition not in watches.partitions:
+                watches.partitions[partition] = Watch()  # a placeholder until the watch is armed
+                self._loading.setdefault(name, []).append(
+                    self._spawn(self._watch_state(name, partition), f"watch {name}-{partition}")
+                )
+        self._rebuild(name)
+
+    async def _watch_state(self, name: str, partition: int) -> None:
+        def on_state(data: bytes | None, stat: ZnodeStat | None) -> None:
+            if data is None or stat is None:
+                self._states.pop((name, partition), None)
+            else:
+                self._states[(name, partition)] = (znodes.LeaderAndIsr.decode(data), stat.version)
+            self._rebuild(name)
+
+        watches = self._topic_watches.get(name)
+        placeholder = watches.partitions.get(partition) if watches is not None else None
+        watch = await self.zk.watch_data(znodes.partition_state_path(name, partition), on_state)
+        current = self._topic_watches.get(name)
+        if current is watches and current is not None and current.partitions.get(partition) is placeholder:
+            current.partitions[partition] = watch
+        else:
+            watch.cancel()
+
+    def _on_topic_config(self, name: str, data: bytes | None) -> None:
+        if name not in self._topic_watches:
+            return
+        self._configs[name] = znodes.EntityConfigZNode.decode(data).config
+        self._rebuild(name)
+
+    def _forget_topic(self, name: str) -> None:
+        watches = self._topic_watches.pop(name, None)
+        if watches is not None:
+            watches.cancel()
+        self._topics.pop(name, None)
+        self._configs.pop(name, None)
+        for key in [k for k in self._states if k[0] == name]:
+            del self._states[key]
+        self._rebuild(name)
+
+    def _rebuild(self, name: str) -> None:
+        """Make the image's entry of ``name`` what the znodes say, and tell the broker."""
+        znode = self._topics.get(name)
+        if znode is None or znode.topic_id is None:
+            # Not (or no longer) a topic; one without an id awaits the controller's upgrade of it.
+            changed = self.image.remove(name) is not None
+        else:
+            partitions = []
+            for p, replicas in sorted(znode.partitions.items()):
+                state = self._states.get((name, p))
+                if state is None:
+                    partitions.append(
+                        PartitionState(p, -1, NO_STATE_EPOCH, list(replicas), [], NO_STATE_EPOCH)
+                    )
+                else:
+                    lai, version = state
+                    partitions.append(
+                        PartitionState(
+                            p, lai.leader, lai.leader_epoch, list(replicas), list(lai.isr), version
+                        )
+                    )
+            topic = TopicState(name, znode.topic_id, partitions, dict(self._configs.get(name, {})))
+            previous = self.image.topic(name)
+            if previous is not None and previous.topic_id != topic.topic_id:
+                self.image.remove(name)
+            changed = previous != topic
+            self.image.put(topic)
+        if changed:
+            self._signal()
+            self._on_topic_changed(name)
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until ``condition()`` holds after a change of the metadata."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return True
+
+    @staticmethod
+    def is_ready(topic: TopicState | None) -> bool:
+        """Every partition of ``topic`` has a state (the controller has elected its leaders)."""
+        return topic is not None and all(p.partition_epoch != NO_STATE_EPOCH for p in topic.partitions)
+
+    # -- ClusterLink: the leader's ISR changes -------------------------------------------------
+
+    async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:
+        cached = self._states.get((topic, state.partition))
+        previous = cached[0] if cached is not None else None
+        data = znodes.LeaderAndIsr(
+            leader=state.leader,
+            leader_epoch=state.leader_epoch,
+            isr=list(state.isr),
+            controller_epoch=previous.controller_epoch if previous is not None else 0,
+            leader_recovery_state=previous.leader_recovery_state if previous is not None else 0,
+        )
+        try:
+            stat = await self.zk.set(
+                znodes.partition_state_path(topic, state.partition), data.encode(), state.partition_epoch
+            )
+        except (BadVersionError, NoNodeError):
+            return None
+        current = self._states.get((topic, state.partition))
+        if current is None or current[1] < stat.version:
+            self._states[(topic, state.partition)] = (data, stat.version)
+            self._rebuild(topic)
+        return dataclasses.replace(state, isr=list(state.isr), partition_epoch=stat.version)
+
+    # -- admin writes (Kafka's AdminZkClient) --------------------------------------------------
+
+    def new_topic_id(self) -> uuid.UUID:
+        # Kafka reserves the zero UUID and UUIDs whose first 8 bytes are zero as sentinels.
+        while True:
+            topic_id = uuid.uuid4()
+            if topic_id.int >> 64 and self.image.topic_by_id(topic_id) is None:
+                return topic_id
+
+    def assignment(
+        self, num_partitions: int, replication_factor: int, first_partition: int = 0
+    ) -> dict[int, list[int]]:
+        """Replicas for new partitions over the live brokers (raises InvalidReplicationFactorError)."""
+        return assign_replicas(
+            self.broker_racks(), num_partitions, replication_factor, first_partition=first_partition
+        )
+
+    async def create_topic(
+        self,
+        name: str,
+        assignment: Mapping[int, list[int]],
+        configs: Mapping[str, str],
+        timeout_s: float,
+    ) -> uuid.UUID:
+        """Write the topic's config and assignment in one multi-op, then wait (at most
+        ``timeout_s``) until the controller has created every partition's state. Returns the
+        topic id; MetadataWaitTimeout if the topic was created but its leaders are not there yet."""
+        validate_topic_name(name)
+        if name in self.image:
+            raise TopicExistsError(f"Topic '{name}' already exists.")
+        topic_id = self.new_topic_id()
+        config_path = znodes.topic_config_path(name)
+        config_data = znodes.EntityConfigZNode(dict(configs)).encode()
+        # A config left by an earlier topic of this name (Kafka deletes it with the topic) is replaced.
+        config_op: Create | SetData = (
+            SetData(config_path, config_data)
+            if await self.zk.exists(config_path)
+            else Create(config_path, config_data)
+        )
+        topic_data = znodes.TopicZNode(topic_id, {p: list(r) for p, r in assignment.items()}).encode()
+        try:
+            await self.zk.multi([config_op, Create(znodes.topic_path(name), topic_data)])
+        except MultiOpFailed as e:
+            if isinstance(e.cause, NodeExistsError):
+                raise TopicExistsError(f"Topic '{name}' already exists.") from e
+            raise
+        log.info("created topic in ZooKeeper", extra={"topic": name, "partitions": len(assignment)})
+
+        def ready() -> bool:
+            topic = self.image.topic(name)
+            return topic is not None and topic.topic_id == topic_id and self.is_ready(topic)
+
+        if not await self.wait_until(ready, timeout_s):
+            raise MetadataWaitTimeout(f"topic {name} was created, but its partitions have no leaders yet")
+        return topic_id
+
+    async def create_partitions(
+        self, name: str, total: int, assignment: list[list[int]] | None, timeout_s: float
+    ) -> None:
+        """Grow ``name`` to ``total`` partitions (a conditional write of its topic znode; retried
+        if another writer got there first), then wait until the new partitions have states."""
+        while True:
+            found = await self.zk.get_or_none(znodes.topic_path(name))
+            if found is None:
+                raise UnknownTopicError(name)
+            data, stat = found
+            znode = znodes.TopicZNode.decode(data)
+            existing = len(znode.partitions)
+            if total <= existing:
+                raise ValueError(f"Topic already has {existing} partitions.")
+            replication_factor = len(znode.partitions[0])
+            new = (
+                {existing + i: list(r) for i, r in enumerate(assignment)}
+                if assignment is not None
+                else self.assignment(total - existing, replication_factor, first_partition=existing)
+            )
+            grown = dataclasses.replace(znode, partitions={**znode.partitions, **new})
+            try:
+                await self.zk.set(znodes.topic_path(name), grown.encode(), stat.version)
+                break
+            except BadVersionError:
+                continue
+            except NoNodeError as e:
+                raise UnknownTopicError(name) from e
+
+        def ready() -> bool:
+            topic = self.image.topic(name)
+            return topic is not None and len(topic.partitions) >= total and self.is_ready(topic)
+
+        if not await self.wait_until(ready, timeout_s):
+            raise MetadataWaitTimeout(f"partitions of {name} were created, but they have no leaders yet")
+
+    async def delete_topic(self, name: str, timeout_s: float) -> TopicState | None:
+        """Ask the controller to delete ``name`` (/admin/delete_topics/T) and wait until it is gone.
+        Returns the topic as it was, or None if it did not exist."""
+        topic = self.image.topic(name)
+        if topic is None:
+            return None
+        with contextlib.suppress(NodeExistsError):  # asked already
+            await self.zk.create(znodes.delete_topic_path(name), b"")
+
+        def gone() -> bool:
+            current = self.image.topic(name)
+            return current is None or current.topic_id != topic.topic_id
+
+        if not await self.wait_until(gone, timeout_s):
+            raise MetadataWaitTimeout(f"topic {name} is marked for deletion but not yet deleted")
+        return topic
+
+    async def set_topic_configs(self, name: str, configs: Mapping[str, str], timeout_s: float) -> TopicState:
+        """Replace ``name``'s config overrides and notify every broker (/config/changes)."""
+        if name not in self._topics:
+            raise UnknownTopicError(name)
+        path = znodes.topic_config_path(name)
+        data = znodes.EntityConfigZNode(dict(configs)).encode()
+        try:
+            await self.zk.set(path, data)
+        except NoNodeError:
+            await self.zk.create(path, data, makepath=True)
+        await self.zk.create(
+            f"{znodes.CONFIG_CHANGES}/{znodes.CONFIG_CHANGE_PREFIX}",
+            znodes.encode_config_change("topics", name),
+            sequence=True,
+        )
+        wanted = dict(configs)
+
+        def applied() -> bool:
+            topic = self.image.topic(name)
+            return topic is None or topic.configs == wanted
+
+        await self.wait_until(applied, timeout_s)
+        topic = self.image.topic(name)
+        if topic is None:
+            raise UnknownTopicError(name)
+        return topic
+
+    async def allocate_producer_id_block(self, size: int = znodes.PRODUCER_ID_BLOCK_SIZE) -> range:
+        """The next block of producer ids, unique across the cluster: a conditional update of
+        /latest_producer_id_block, retried when another broker took a block meanwhile."""
+        while True:
+            data, stat = await self.zk.get(znodes.LATEST_PRODUCER_ID_BLOCK)
+            if data:
+                block = znodes.ProducerIdBlock.decode(data).next(self.node_id, size)
+            else:
+                block = znodes.ProducerIdBlock(self.node_id, 0, size - 1)
+            try:
+                await self.zk.set(znodes.LATEST_PRODUCER_ID_BLOCK, block.encode(), stat.version)
+            except BadVersionError:
+                continue
+            return range(block.block_start, block.block_end + 1)
+
+
+async def with_retries(
+    attempt: Callable[[], Awaitable[bool]], retries: int, backoff_s: float, what: str
+) -> bool:
+    """``attempt()`` until it returns True, at most ``retries`` + 1 times, ``backoff_s`` apart."""
+    for n in range(retries + 1):
+        try:
+            if await attempt():
+                return True
+        except Exception as e:
+            log.warning(f"{what} failed", extra={"attempt": n + 1, "error": repr(e)})
+        if n < retries:
+            await asyncio.sleep(backoff_s)
+    return False
