@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import logging
 import resource
 import socket
@@ -14,12 +13,12 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 from kazoo.exceptions import KazooException
 
 from strom.broker.cluster.assignment import InvalidReplicationFactorError
+from strom.broker.cluster.controller import Controller, request_controlled_shutdown
 from strom.broker.cluster.local import (
     InvalidTopicError,
     LocalControlPlane,
@@ -55,13 +54,6 @@ ADMIN_TIMEOUT_MS = 30_000
 AUTO_CREATE_WAIT_MS = 3_000
 
 T = TypeVar("T")
-
-
-def _controller_module() -> ModuleType:
-    """SHIM (integrator: import Controller and request_controlled_shutdown from
-    strom.broker.cluster.controller at the top instead). The controller is written in parallel;
-    imported by name so that this branch loads without it."""
-    return importlib.import_module("strom.broker.cluster.controller")
 
 
 def raise_open_file_limit() -> int:
@@ -139,7 +131,7 @@ class BrokerServer:
         self.replica_manager = ReplicaManager(self.log_manager, self.log_config)
         # A cluster's controller (the broker contends for /controller) and the partition states
         # this broker applied, (leader epoch, partition epoch) per partition, by topic.
-        self.controller: Any = None
+        self.controller: Controller | None = None
         self._applied: dict[TopicPartition, tuple[int, int]] = {}
         self._hosted: dict[str, TopicState] = {}
         self._dirty_topics: set[str] = set()
@@ -470,13 +462,8 @@ class BrokerServer:
         self._tasks.append(asyncio.get_running_loop().create_task(self._apply_cluster_changes()))
         for topic in cluster.image.topics():
             self._topic_changed(topic.name)
-        try:
-            controller = _controller_module()
-        except ModuleNotFoundError:  # SHIM (integrator: remove with _controller_module)
-            log.warning("no controller module on this branch: this broker never becomes the controller")
-        else:
-            self.controller = controller.Controller(cluster.zk, self.node_id, self.config)
-            await self.controller.start()
+        self.controller = Controller(cluster.zk, self.node_id, self.config)
+        await self.controller.start()
         self._cluster_ready = True
 
     async def _leave_cluster(self) -> None:
@@ -489,10 +476,7 @@ class BrokerServer:
             timeout_s = self.config.zookeeper_session_timeout_ms / 1000 + 10
 
             async def attempt() -> bool:
-                done: bool = await _controller_module().request_controlled_shutdown(
-                    cluster.zk, self.node_id, timeout_s
-                )
-                return done
+                return await request_controlled_shutdown(cluster.zk, self.node_id, timeout_s)
 
             if not await with_retries(
                 attempt,
