@@ -213,6 +213,13 @@ _IMPLEMENTED = (
         dynamic=True,
     ),
     _key(
+        "max.request.partition.size.limit",
+        T.INT,
+        2000,
+        Range(1),
+        "The most partitions one DescribeTopicPartitions response describes (KIP-966).",
+    ),
+    _key(
         "fetch.max.bytes",
         T.INT,
         55 * 1024 * 1024,
@@ -785,6 +792,7 @@ class KafkaConfig:
         self.max_connections_per_ip: int = self._int("max.connections.per.ip")
         self.max_connections_per_ip_overrides: dict[str, int] = self._ip_overrides()
         self.fetch_max_bytes: int = self._int("fetch.max.bytes")
+        self.max_request_partition_size_limit: int = self._int("max.request.partition.size.limit")
         if 0 < self.queued_max_request_bytes < self.socket_request_max_bytes:
             raise ConfigError("queued.max.request.bytes must be larger or equal to socket.request.max.bytes")
         if self.max_connections_per_ip == 0 and not self.max_connections_per_ip_overrides:
