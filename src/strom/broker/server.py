@@ -24,6 +24,7 @@ from strom.broker.config import KafkaConfig
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, GroupMetadataManager
 from strom.broker.dispatcher import RequestDispatcher
+from strom.broker.dynamic_config import DynamicBrokerConfig, LocalDynamicConfigStore
 from strom.broker.handlers import HANDLERS
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 from strom.broker.replica_manager import ReplicaManager
@@ -93,6 +94,8 @@ class BrokerServer:
         self.node_id = config.node_id
         log_dirs = [Path(d) for d in config.log_dirs]
         self.control_plane = LocalControlPlane(log_dirs, self.node_id)
+        # Dynamic broker configs (AlterConfigs on the BROKER resource), kept beside the metadata file.
+        self.dynamic_config = DynamicBrokerConfig(self, LocalDynamicConfigStore(log_dirs[0]))
         self.log_manager = LogManager(log_dirs)
         self.replica_manager = ReplicaManager(self.log_manager, self.log_config)
         self.producer_ids = ProducerIdManager(self.control_plane)
@@ -142,6 +145,7 @@ class BrokerServer:
         # changed nothing (no recovery, no checkpoint, no clean-shutdown marker).
         self.log_manager.lock_log_dirs()
         try:
+            await self.dynamic_config.load()
             await self._load_storage()
         except BaseException:
             # Storage half loaded: writing checkpoints now could lose entries of unloaded logs.
@@ -308,6 +312,7 @@ class BrokerServer:
                 await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
                 self._storage_loaded = False
             self.control_plane.close()
+        await self.dynamic_config.store.close()
         log.info("broker stopped", extra={"node_id": self.node_id})
 
     async def _every(self, interval_ms: int, job: object) -> None:

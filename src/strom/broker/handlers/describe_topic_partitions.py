@@ -91,8 +91,8 @@ async def handle_describe_topic_partitions(ctx: RequestContext, request: Any) ->
         _check_cursor(requested, cursor)
     except _InvalidCursor:
         # As Kafka's error response: every requested topic carries the error.
-        topics = tuple(_unknown(ctx, name, ErrorCode.invalid_request) for name in requested)
-        return build(r.DescribeTopicPartitionsResponse, topics=topics, next_cursor=None)
+        errors = tuple(_unknown(ctx, name, ErrorCode.invalid_request) for name in requested)
+        return build(r.DescribeTopicPartitionsResponse, topics=errors, next_cursor=None)
     names = sorted(set(requested)) if requested else sorted(t.name for t in image.topics())
     if cursor is not None:
         names = [n for n in names if n >= cursor.topic_name]
