@@ -266,7 +266,7 @@ def test_alter_configs_replaces_the_overrides(admin: AdminClient) -> None:
     assert configs["segment.ms"].source == ConfigSource.DEFAULT_CONFIG.value
 
 
-def test_broker_configs_are_static(admin: AdminClient) -> None:
+def test_a_static_broker_config_cannot_be_altered(admin: AdminClient) -> None:
     resource = ConfigResource(ConfigResource.Type.BROKER, "0", set_config={"num.partitions": "3"})
     with pytest.raises(KafkaException):
         admin.alter_configs([resource])[resource].result()

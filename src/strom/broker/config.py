@@ -69,7 +69,9 @@ class Listener:
 class BrokerConfigDef:
     """A broker config key. ``default`` is the value as Kafka renders it (None: no default).
 
-    ``dynamic``: Kafka can change it at runtime, so DescribeConfigs reports read_only=false.
+    ``dynamic``: Kafka changes it at runtime (AlterConfigs on a broker or the cluster default) and so
+    can Strom, so DescribeConfigs reports read_only=false. Kafka's listener keys are dynamic in Kafka
+    but not here: Strom cannot rebind its listeners without a restart.
     ``effect``: Strom acts on it; keys with effect=False are accepted for compatibility only.
     """
 
@@ -114,7 +116,6 @@ _IMPLEMENTED = (
         "PLAINTEXT://:9092",
         None,
         "Comma-separated NAME://host:port listeners; an empty host binds all interfaces.",
-        dynamic=True,
     ),
     _key(
         "advertised.listeners",
@@ -122,7 +123,6 @@ _IMPLEMENTED = (
         None,
         None,
         "The listeners given to clients in metadata, if different from listeners.",
-        dynamic=True,
     ),
     _key(
         "listener.security.protocol.map",
@@ -130,7 +130,6 @@ _IMPLEMENTED = (
         DEFAULT_SECURITY_PROTOCOL_MAP,
         None,
         "Listener name to security protocol (NAME:PROTOCOL,...).",
-        dynamic=True,
     ),
     _key(
         "controller.listener.names",
@@ -213,6 +212,13 @@ _IMPLEMENTED = (
         dynamic=True,
     ),
     _key(
+        "max.request.partition.size.limit",
+        T.INT,
+        2000,
+        Range(1),
+        "The most partitions one DescribeTopicPartitions response describes (KIP-966).",
+    ),
+    _key(
         "fetch.max.bytes",
         T.INT,
         55 * 1024 * 1024,
@@ -277,6 +283,7 @@ _IMPLEMENTED = (
         128 * 1024 * 1024,
         None,
         "Memory for a cleaning round's key-to-offset map; when it fills, the round stops there.",
+        dynamic=True,
     ),
     _key(
         "log.cleaner.io.buffer.load.factor",
@@ -284,6 +291,7 @@ _IMPLEMENTED = (
         0.9,
         None,
         "The fraction of log.cleaner.dedupe.buffer.size the map may fill.",
+        dynamic=True,
     ),
     _key(
         "log.cleaner.io.buffer.size",
@@ -291,6 +299,7 @@ _IMPLEMENTED = (
         512 * 1024,
         Range(0),
         "Bytes the cleaner reads from a segment, and buffers for a cleaned one, at a time.",
+        dynamic=True,
     ),
     _key(
         "log.cleaner.io.max.bytes.per.second",
@@ -298,6 +307,7 @@ _IMPLEMENTED = (
         sys.float_info.max,
         None,
         "The cleaner's read plus write rate limit.",
+        dynamic=True,
     ),
 )
 
@@ -692,10 +702,30 @@ def parse_listeners(
 class KafkaConfig:
     """The broker's effective configuration. Attributes are Kafka's key names with '.' -> '_'."""
 
-    def __init__(self, supplied: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        supplied: Mapping[str, str],
+        dynamic_default: Mapping[str, str] | None = None,
+        dynamic_broker: Mapping[str, str] | None = None,
+    ) -> None:
+        """``supplied``: server.properties and --override; ``dynamic_default`` and ``dynamic_broker``:
+        the dynamic configs of the cluster default and of this broker (AlterConfigs). Kafka's
+        precedence: this broker's dynamic value, the cluster default's, the static one, the default."""
         self._supplied = dict(supplied)
+        self._dynamic_default = dict(dynamic_default or {})
+        self._dynamic_broker = dict(dynamic_broker or {})
+        self._effective = {**self._supplied, **self._dynamic_default, **self._dynamic_broker}
+        for layer in (self._dynamic_default, self._dynamic_broker):
+            # Each dynamic layer is valid on its own: a value another layer hides is still checked.
+            for name, raw in layer.items():
+                if name in BROKER_CONFIGS:
+                    self._parse(BROKER_CONFIGS[name], raw)
+            try:
+                LogConfig.from_props({}, {n: raw for n, raw in layer.items() if n in BROKER_SYNONYMS})
+            except InvalidConfigError as exc:
+                raise ConfigError(str(exc)) from None
         self._values: dict[str, Value] = {}
-        for name, raw in self._supplied.items():
+        for name, raw in self._effective.items():
             definition = BROKER_CONFIGS.get(name)
             if definition is None:
                 log.warning(
@@ -785,6 +815,7 @@ class KafkaConfig:
         self.max_connections_per_ip: int = self._int("max.connections.per.ip")
         self.max_connections_per_ip_overrides: dict[str, int] = self._ip_overrides()
         self.fetch_max_bytes: int = self._int("fetch.max.bytes")
+        self.max_request_partition_size_limit: int = self._int("max.request.partition.size.limit")
         if 0 < self.queued_max_request_bytes < self.socket_request_max_bytes:
             raise ConfigError("queued.max.request.bytes must be larger or equal to socket.request.max.bytes")
         if self.max_connections_per_ip == 0 and not self.max_connections_per_ip_overrides:
@@ -845,6 +876,22 @@ class KafkaConfig:
         """zookeeper.connect is set: the broker is a member of a cluster coordinated by ZooKeeper."""
         return self.zookeeper_connect is not None
 
+    def with_dynamic(
+        self, dynamic_default: Mapping[str, str], dynamic_broker: Mapping[str, str]
+    ) -> KafkaConfig:
+        """This static configuration under other dynamic configs; ConfigError if they are invalid."""
+        return KafkaConfig(self._supplied, dynamic_default, dynamic_broker)
+
+    def dynamic_configs(self, cluster_default: bool) -> dict[str, str]:
+        """The dynamic configs set on the cluster default, or on this broker."""
+        return dict(self._dynamic_default if cluster_default else self._dynamic_broker)
+
+    def adopt(self, other: KafkaConfig) -> None:
+        """Take ``other``'s values in place: whoever holds this object sees the new configuration."""
+        state = vars(self)
+        state.clear()
+        state.update(vars(other))
+
     @classmethod
     def from_sources(
         cls, properties: Mapping[str, str] | None = None, overrides: Mapping[str, str] | None = None
@@ -855,9 +902,9 @@ class KafkaConfig:
     # --- access ---
 
     def get(self, name: str) -> str | None:
-        """The raw value supplied for ``name`` (known or not), else the key's default, else None."""
-        if name in self._supplied:
-            return self._supplied[name]
+        """The raw value in effect for ``name`` (known or not), else the key's default, else None."""
+        if name in self._effective:
+            return self._effective[name]
         definition = BROKER_CONFIGS.get(name)
         return definition.default if definition else None
 
@@ -879,8 +926,20 @@ class KafkaConfig:
         return self.advertised_listeners[0]
 
     def log_config_defaults(self) -> dict[str, str]:
-        """The broker keys set explicitly that supply topic defaults; what LogConfig.from_props takes."""
-        return {name: raw.strip() for name, raw in self._supplied.items() if name in BROKER_SYNONYMS}
+        """The broker keys set explicitly (statically or dynamically) that supply topic defaults;
+        what LogConfig.from_props takes."""
+        return {name: raw.strip() for name, raw in self._effective.items() if name in BROKER_SYNONYMS}
+
+    def log_config_sources(self) -> dict[str, ConfigSource]:
+        """Where each key of ``log_config_defaults`` comes from, as DescribeConfigs reports it."""
+        return {name: self._source(name) for name in self.log_config_defaults()}
+
+    def _source(self, name: str) -> ConfigSource:
+        if name in self._dynamic_broker:
+            return ConfigSource.DYNAMIC_BROKER_CONFIG
+        if name in self._dynamic_default:
+            return ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
+        return ConfigSource.STATIC_BROKER_CONFIG
 
     @property
     def offsets_retention_ms(self) -> int:
@@ -891,8 +950,9 @@ class KafkaConfig:
     def describe(self) -> list[ConfigEntry]:
         """DescribeConfigs for this broker's BROKER resource: every known key plus any unknown supplied key.
 
-        Values from server.properties/--override have source STATIC_BROKER_CONFIG, the rest DEFAULT_CONFIG;
-        unknown keys are reported as Kafka does, as sensitive values of unknown type.
+        Values set on this broker dynamically have source DYNAMIC_BROKER_CONFIG, on the cluster default
+        DYNAMIC_DEFAULT_BROKER_CONFIG, in server.properties/--override STATIC_BROKER_CONFIG, the rest
+        DEFAULT_CONFIG; unknown keys are reported as Kafka does, as sensitive values of unknown type.
         """
         entries = [self._describe_known(d) for d in BROKER_CONFIGS.values()]
         for name in sorted(set(self._supplied) - set(BROKER_CONFIGS)):
@@ -911,22 +971,69 @@ class KafkaConfig:
             )
         return entries
 
+    def describe_cluster_default(self) -> list[ConfigEntry]:
+        """DescribeConfigs of the cluster-default BROKER resource (name ""): as Kafka, only the keys set
+        there, each with its cluster-default synonyms."""
+        entries = []
+        for name in sorted(self._dynamic_default):
+            definition = BROKER_CONFIGS[name]
+            group = _SYNONYM_GROUPS.get(name, (name,))
+            synonyms = [
+                ConfigSynonym(
+                    n, self._render(n, self._dynamic_default[n]), ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
+                )
+                for n in group
+                if n in self._dynamic_default
+            ]
+            while synonyms[0].name != name:
+                synonyms.pop(0)
+            sensitive = definition.type is ConfigType.PASSWORD
+            entries.append(
+                ConfigEntry(
+                    name=name,
+                    value=None if sensitive else synonyms[0].value,
+                    source=ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG,
+                    is_sensitive=sensitive,
+                    read_only=not definition.dynamic,
+                    config_type=definition.type.id,
+                    documentation=definition.doc,
+                    synonyms=tuple(synonyms),
+                )
+            )
+        return entries
+
+    @staticmethod
+    def _render(name: str, raw: str) -> str:
+        definition = BROKER_CONFIGS[name]
+        return render_value(parse_value(name, raw, definition.type), definition.type) or ""
+
     def _describe_known(self, definition: BrokerConfigDef) -> ConfigEntry:
         name = definition.name
         group = _SYNONYM_GROUPS.get(name, (name,))
         supplied = dict(self._values)
+        static = {n: self._render(n, raw) for n, raw in self._supplied.items() if n in BROKER_CONFIGS}
         if "node.id" in supplied or "broker.id" in supplied:
             # Kafka copies node.id and broker.id into each other: both report the id in use.
             supplied["node.id"] = supplied["broker.id"] = self.node_id
+            static["node.id"] = static["broker.id"] = str(self.node_id)
         value = render_value(supplied[name], definition.type) if name in supplied else definition.default
         if name in ("node.id", "broker.id"):
             value = str(self.node_id)  # -1 (unset) means 0 in Strom
+        # As Kafka lists them: every synonym set on this broker dynamically, then on the cluster
+        # default, then statically, then the defaults.
+        layers = (
+            (
+                {n: self._render(n, raw) for n, raw in self._dynamic_broker.items()},
+                ConfigSource.DYNAMIC_BROKER_CONFIG,
+            ),
+            (
+                {n: self._render(n, raw) for n, raw in self._dynamic_default.items()},
+                ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG,
+            ),
+            (static, ConfigSource.STATIC_BROKER_CONFIG),
+        )
         synonyms = [
-            ConfigSynonym(
-                n, render_value(supplied[n], BROKER_CONFIGS[n].type), ConfigSource.STATIC_BROKER_CONFIG
-            )
-            for n in group
-            if n in supplied
+            ConfigSynonym(n, layer[n], source) for layer, source in layers for n in group if n in layer
         ]
         synonyms += [
             ConfigSynonym(n, BROKER_CONFIGS[n].default, ConfigSource.DEFAULT_CONFIG)

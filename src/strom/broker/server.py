@@ -38,6 +38,12 @@ from strom.broker.config import KafkaConfig
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, GroupMetadataManager
 from strom.broker.dispatcher import RequestDispatcher
+from strom.broker.dynamic_config import (
+    DynamicBrokerConfig,
+    DynamicBrokerConfigStore,
+    LocalDynamicConfigStore,
+    ZkDynamicConfigStore,
+)
 from strom.broker.handlers import HANDLERS
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 from strom.broker.partition import TopicPartition
@@ -119,14 +125,20 @@ class BrokerServer:
         self.cluster: ZkControlPlane | None = None
         self._local: LocalControlPlane | None = None
         self.control_plane: LocalControlPlane | ZkControlPlane
+        # Dynamic broker configs (AlterConfigs on the BROKER resource): in ZooKeeper's
+        # /config/brokers in a cluster, else beside the local metadata file.
+        store: DynamicBrokerConfigStore
         if config.in_cluster:
-            self.cluster = self.control_plane = ZkControlPlane(
+            cluster = self.cluster = self.control_plane = ZkControlPlane(
                 config, log_dirs, self._topic_changed, self._brokers_changed
             )
-            self.producer_ids = ProducerIdManager(self.cluster.allocate_producer_id_block)
+            self.producer_ids = ProducerIdManager(cluster.allocate_producer_id_block)
+            store = ZkDynamicConfigStore(lambda: cluster.zk)
         else:
             self._local = self.control_plane = LocalControlPlane(log_dirs, self.node_id)
             self.producer_ids = ProducerIdManager(self._allocate_local_producer_ids)
+            store = LocalDynamicConfigStore(log_dirs[0])
+        self.dynamic_config = DynamicBrokerConfig(self, store)
         self.log_manager = LogManager(log_dirs)
         self.replica_manager = ReplicaManager(self.log_manager, self.log_config)
         # A cluster's controller (the broker contends for /controller) and the partition states
@@ -187,6 +199,7 @@ class BrokerServer:
         try:
             if self.cluster is not None:
                 await self.cluster.start()
+            await self.dynamic_config.load()
             await self._load_storage()
         except BaseException:
             # Storage half loaded: writing checkpoints now could lose entries of unloaded logs.
@@ -382,6 +395,7 @@ class BrokerServer:
             if self._storage_loaded:
                 await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
                 self._storage_loaded = False
+            await self.dynamic_config.store.close()
             await self._close_control_plane()
         log.info("broker stopped", extra={"node_id": self.node_id})
 

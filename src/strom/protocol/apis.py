@@ -43,12 +43,15 @@ class ApiKey(enum.IntEnum):
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    ALTER_REPLICA_LOG_DIRS = 34
     DESCRIBE_LOG_DIRS = 35
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
+    LIST_CONFIG_RESOURCES = 74
+    DESCRIBE_TOPIC_PARTITIONS = 75
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,8 @@ SUPPORTED_VERSIONS: dict[ApiKey, VersionRange] = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: VersionRange(0, 1),
     ApiKey.OFFSET_DELETE: VersionRange(0, 0),
     ApiKey.DESCRIBE_CLUSTER: VersionRange(0, 2),
+    ApiKey.LIST_CONFIG_RESOURCES: VersionRange(0, 1),
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: VersionRange(0, 0),
 }
 
 # Versions advertised for compatibility but refused before decoding (KIP-896: Kafka 4

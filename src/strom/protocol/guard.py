@@ -55,7 +55,7 @@ _FIXED_SIZES = {
 _BYTES_TYPES = ("bytes", "records")
 
 # Step kinds.
-_FIXED, _STRING, _BYTES, _FIXED_ARRAY, _VAR_ARRAY, _STRUCT, _STRUCT_ARRAY = range(7)
+_FIXED, _STRING, _BYTES, _FIXED_ARRAY, _VAR_ARRAY, _STRUCT, _STRUCT_ARRAY, _NULLABLE_STRUCT = range(8)
 
 # A step: (kind, name, nullable, argument); the argument is a size, an element step or a plan.
 Step = tuple[int, str, bool, Any]
@@ -116,6 +116,12 @@ def _walk_step(step: Step, flexible: bool, buf: memoryview, pos: int, end: int, 
         return pos
     if kind == _STRUCT:
         return _walk(arg, buf, pos, end, out)
+    if kind == _NULLABLE_STRUCT:
+        # A one-byte marker first: negative for null (Kafka writes -1), else the struct follows.
+        if pos >= end:
+            raise ProtocolError(f"{name}: truncated")
+        marker = buf[pos]
+        return pos + 1 if marker >= 0x80 else _walk(arg, buf, pos + 1, end, out)
     # A length or count: strings have 16-bit lengths outside flexible versions, the rest 32-bit.
     length, pos = _length(buf, pos, end, flexible, kind != _STRING, out)
     if length < 0:
@@ -195,7 +201,7 @@ def _step_min_size(step: Step, flexible: bool) -> int:
         return int(arg)
     if kind == _STRUCT:
         return int(arg.min_size)
-    if flexible:
+    if flexible or kind == _NULLABLE_STRUCT:
         return 1
     return 2 if kind == _STRING else 4
 
@@ -206,7 +212,7 @@ def _field_step(field: dataclasses.Field[Any], flexible: bool, owner: str) -> St
     kafka_type = field.metadata.get("kafka_type")
     if isinstance(kind, EntityField):
         if _is_union_with_none(field.type):
-            raise TypeError(f"{name}: nullable structs are not supported")
+            return (_NULLABLE_STRUCT, name, True, _plan(kind.type_))
         return (_STRUCT, name, False, _plan(kind.type_))
     # Arrays: the field's own optionality is the array's; is_optional() would look inside.
     array_nullable = _is_union_with_none(field.type)

@@ -726,15 +726,20 @@ class ConfigEntry:
 
 
 def describe_topic_config(
-    topic_overrides: Mapping[str, str], broker: Mapping[str, str] | None = None
+    topic_overrides: Mapping[str, str],
+    broker: Mapping[str, str] | None = None,
+    broker_sources: Mapping[str, ConfigSource] | None = None,
 ) -> list[ConfigEntry]:
     """DescribeConfigs for a TOPIC resource: every topic config, sorted by name.
 
     Synonyms are listed in Kafka's order: the topic override, then the broker synonyms the broker sets
-    (STATIC_BROKER_CONFIG), then the broker synonyms' Kafka defaults (DEFAULT_CONFIG); the entry's
-    source is that of the first synonym, or DEFAULT_CONFIG when there is none.
+    (by source: DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG, as
+    ``broker_sources`` says; STATIC_BROKER_CONFIG when it says nothing), then the broker synonyms'
+    Kafka defaults (DEFAULT_CONFIG); the entry's source is that of the first synonym, or
+    DEFAULT_CONFIG when there is none.
     """
     broker = broker or {}
+    sources = broker_sources or {}
     values = _effective_values(topic_overrides, broker)
     entries = []
     for definition in sorted(_TOPIC_CONFIG_LIST, key=lambda d: d.name):
@@ -742,10 +747,14 @@ def describe_topic_config(
         synonyms: list[ConfigSynonym] = []
         if definition.name in topic_overrides:
             synonyms.append(ConfigSynonym(definition.name, value, ConfigSource.TOPIC_CONFIG))
-        for s in definition.synonyms:
-            if s.name in broker:
-                raw = broker[s.name].strip()
-                synonyms.append(ConfigSynonym(s.name, raw, ConfigSource.STATIC_BROKER_CONFIG))
+        set_on_broker = [
+            ConfigSynonym(
+                s.name, broker[s.name].strip(), sources.get(s.name, ConfigSource.STATIC_BROKER_CONFIG)
+            )
+            for s in definition.synonyms
+            if s.name in broker
+        ]
+        synonyms += sorted(set_on_broker, key=lambda synonym: synonym.source)
         for s in definition.synonyms:
             if s.default is not None:
                 synonyms.append(ConfigSynonym(s.name, s.default, ConfigSource.DEFAULT_CONFIG))

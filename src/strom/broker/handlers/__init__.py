@@ -12,6 +12,7 @@ from strom.broker.handlers.configs import (
 )
 from strom.broker.handlers.coordinator import handle_find_coordinator
 from strom.broker.handlers.delete_records import handle_delete_records
+from strom.broker.handlers.describe_topic_partitions import handle_describe_topic_partitions
 from strom.broker.handlers.fetch import handle_fetch
 from strom.broker.handlers.groups import (
     handle_delete_groups,
@@ -23,6 +24,7 @@ from strom.broker.handlers.groups import (
     handle_sync_group,
 )
 from strom.broker.handlers.leader_epoch import handle_offset_for_leader_epoch
+from strom.broker.handlers.list_config_resources import handle_list_config_resources
 from strom.broker.handlers.list_offsets import handle_list_offsets
 from strom.broker.handlers.log_dirs import handle_describe_log_dirs
 from strom.broker.handlers.metadata import handle_metadata
@@ -60,4 +62,6 @@ HANDLERS: dict[ApiKey, Handler] = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: handle_incremental_alter_configs,
     ApiKey.OFFSET_DELETE: handle_offset_delete,
     ApiKey.DESCRIBE_CLUSTER: handle_describe_cluster,
+    ApiKey.LIST_CONFIG_RESOURCES: handle_list_config_resources,
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: handle_describe_topic_partitions,
 }

@@ -2,8 +2,11 @@
 
 Topic configs are stored as overrides in the control plane; the effective value of
 every other config comes from the broker's synonym or Kafka's default, and
-DescribeConfigs reports which source won. Broker configs are static (from
-server.properties and --override): altering them is refused with a clear message.
+DescribeConfigs reports which source won. Broker configs come from server.properties and
+--override, overlaid by dynamic configs of the cluster default (resource name "") and of
+this broker (its id), which AlterConfigs and IncrementalAlterConfigs change as Kafka does
+(strom.broker.dynamic_config); keys that cannot change at runtime are refused with
+INVALID_REQUEST and Kafka's message.
 """
 
 from __future__ import annotations
@@ -11,11 +14,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from strom.broker.config import BROKER_CONFIGS
 from strom.broker.dispatcher import RequestContext
+from strom.broker.dynamic_config import DynamicConfigRefused
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
 from strom.storage import KafkaStorageError
-from strom.storage.log_config import TOPIC_CONFIGS, InvalidConfigError, LogConfig, describe_topic_config
+from strom.storage.log_config import (
+    TOPIC_CONFIGS,
+    ConfigType,
+    InvalidConfigError,
+    LogConfig,
+    describe_topic_config,
+)
 
 TOPIC = 2
 BROKER = 4
@@ -39,13 +50,20 @@ def _describe_resource(ctx: RequestContext, resource: Any, include_synonyms: boo
                 raise ConfigRequestError(
                     ErrorCode.unknown_topic_or_partition, f"Topic {resource.resource_name} does not exist"
                 )
-            entries = describe_topic_config(topic.configs, broker.config.log_config_defaults())
+            entries = describe_topic_config(
+                topic.configs, broker.config.log_config_defaults(), broker.config.log_config_sources()
+            )
         elif resource.resource_type == BROKER:
-            if resource.resource_name not in ("", str(broker.node_id)):
+            if resource.resource_name == "":
+                entries = broker.config.describe_cluster_default()
+            elif resource.resource_name == str(broker.node_id):
+                entries = broker.config.describe()
+            else:
                 raise ConfigRequestError(
-                    ErrorCode.invalid_request, f"Unexpected broker id, expected {broker.node_id}"
+                    ErrorCode.invalid_request,
+                    f"Unexpected broker id, expected {broker.node_id} or empty string, "
+                    f"but received {resource.resource_name}",
                 )
-            entries = broker.config.describe()
         else:
             raise ConfigRequestError(
                 ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}"
@@ -119,12 +137,56 @@ async def _apply_topic_configs(
             raise ConfigRequestError(ErrorCode.kafka_storage_error, str(exc)) from exc
 
 
-def _refuse_broker(ctx: RequestContext, resource: Any) -> None:
-    if resource.resource_type == BROKER:
+async def _alter_broker(
+    ctx: RequestContext, resource: Any, ops: Any, incremental: bool, validate_only: bool
+) -> None:
+    """A BROKER resource: this broker ("<id>") or the cluster default ("")."""
+    dynamic = ctx.broker.dynamic_config
+    try:
+        entity = dynamic.entity_of(resource.resource_name)
+        if incremental:
+            configs = dynamic.current(entity)
+            for c in ops:
+                _incremental_broker(configs, c.config_operation, c.name, c.value)
+        else:
+            configs = {c.name: c.value for c in ops if c.value is not None}
+        await dynamic.alter(entity, configs, validate_only)
+    except DynamicConfigRefused as exc:
+        raise ConfigRequestError(ErrorCode.invalid_request, str(exc)) from exc
+    except OSError as exc:
         raise ConfigRequestError(
-            ErrorCode.invalid_request,
-            "Strom's broker configs are static: set them in server.properties or with --override",
+            ErrorCode.kafka_storage_error, f"Storing broker configs failed: {exc}"
+        ) from exc
+
+
+def _incremental_broker(current: dict[str, str], op: int, name: str, value: str | None) -> None:
+    """One IncrementalAlterConfigs operation on a broker entity's dynamic configs."""
+    definition = BROKER_CONFIGS.get(name)
+    if op == SET:
+        if value is None:
+            raise ConfigRequestError(ErrorCode.invalid_config, f"Null value not supported for {name}")
+        current[name] = value
+    elif op == DELETE:
+        current.pop(name, None)
+    elif op in (APPEND, SUBTRACT):
+        if definition is None or definition.type is not ConfigType.LIST:
+            raise ConfigRequestError(
+                ErrorCode.invalid_config, f"Config value append is not allowed for config key: {name}"
+            )
+        existing = current.get(name, definition.default or "")
+        items = [v for v in existing.split(",") if v]
+        delta = [v.strip() for v in (value or "").split(",") if v.strip()]
+        items = (
+            items + [v for v in delta if v not in items]
+            if op == APPEND
+            else [v for v in items if v not in delta]
         )
+        current[name] = ",".join(items)
+    else:
+        raise ConfigRequestError(ErrorCode.invalid_request, f"Unknown config operation {op}")
+
+
+def _refuse_broker(ctx: RequestContext, resource: Any) -> None:
     if resource.resource_type != TOPIC:
         raise ConfigRequestError(
             ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}"
@@ -147,6 +209,10 @@ async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
     for resource in request.resources:
         error, message = ErrorCode.none, None
         try:
+            if resource.resource_type == BROKER:
+                await _alter_broker(ctx, resource, resource.configs, False, request.validate_only)
+                responses.append(_alter_response(ctx, resource, error, message))
+                continue
             _refuse_broker(ctx, resource)
             configs = {c.name: c.value for c in resource.configs if c.value is not None}
             await _apply_topic_configs(ctx, resource.resource_name, configs, request.validate_only)
@@ -188,6 +254,10 @@ async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) ->
     for resource in request.resources:
         error, message = ErrorCode.none, None
         try:
+            if resource.resource_type == BROKER:
+                await _alter_broker(ctx, resource, resource.configs, True, request.validate_only)
+                responses.append(_alter_response(ctx, resource, error, message))
+                continue
             _refuse_broker(ctx, resource)
             topic = ctx.broker.control_plane.image.topic(resource.resource_name)
             if topic is None:
