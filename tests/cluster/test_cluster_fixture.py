@@ -16,7 +16,16 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
+from brokerproc import BrokerProcess
 from cluster import CHROOT, Cluster, ClusterError
+from cluster_workload import (
+    PRODUCER_CLIENTS,
+    KeyedProducer,
+    ProducerClient,
+    Record,
+    TailingConsumer,
+    check_delivery,
+)
 from kafka_wire import KafkaWire
 from strom.cli.local_cluster import java_available, ruok
 
@@ -122,3 +131,25 @@ def test_teardown_ends_every_process_even_a_paused_one(tmp_path: Path) -> None:
     with socket.socket() as sock:  # the addresses are free again
         sock.bind(("127.0.0.11", cluster.broker(1).port))
     assert cluster.broker(1).returncode == 0  # resumed first, so SIGTERM shut it down cleanly
+
+
+@pytest.mark.parametrize("client", PRODUCER_CLIENTS)
+def test_workload_and_its_checks_on_one_plain_broker(tmp_path: Path, client: ProducerClient) -> None:
+    """The traffic and the checks of the replication tests, where nothing fails: one broker."""
+    cluster = Cluster(tmp_path / "unused")  # for its wait_for only: nothing started
+    with (
+        BrokerProcess(tmp_path, overrides={"num.partitions": "3"}) as broker,
+        TailingConsumer(broker.bootstrap, "workload") as consumer,
+    ):
+        with KeyedProducer(client, broker.bootstrap, "workload", rate=300) as producer:
+            producer.wait_for_progress(cluster, records=30)
+        consumer.wait_for(cluster, producer.acked)
+    assert producer.failed == []
+    assert {r.partition for r in producer.acked} == {0, 1, 2}
+    check_delivery(producer.acked, consumer.records)
+    first = min(producer.acked)
+    doubled = Record(first.partition, first.offset + 10_000, first.key, first.value)
+    with pytest.raises(AssertionError, match="at"):
+        check_delivery(producer.acked, [*consumer.records, doubled])
+    with pytest.raises(AssertionError, match="acknowledged"):
+        check_delivery([*producer.acked, doubled], consumer.records)
