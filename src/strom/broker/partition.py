@@ -211,18 +211,21 @@ class Partition:
         follower.last_fetch_time_ms = now_ms
         return self.maybe_increment_high_watermark()
 
-    def isr_expansion(self) -> list[int] | None:
-        """The ISR with every follower that caught up to the HW within this leader epoch, if any."""
-        if not self.is_leader or self.pending_isr is not None:
+    def isr_expansion(self, replica_id: int) -> list[int] | None:
+        """The ISR with ``replica_id``, which just fetched, if it is out of the ISR and caught up to
+        the HW within this leader's epoch (Kafka's maybeExpandIsr: only the fetching follower
+        joins, never one whose last position merely happens to be high enough)."""
+        if not self.is_leader or self.pending_isr is not None or replica_id in self.isr:
             return None
-        joining = [
-            f.broker_id
-            for f in self.followers.values()
-            if f.broker_id not in self.isr
-            and f.log_end_offset >= self.high_watermark
-            and f.log_end_offset >= self.leader_epoch_start_offset
-        ]
-        return self.isr + sorted(joining) if joining else None
+        follower = self.followers.get(replica_id)
+        if follower is None:
+            return None
+        if (
+            follower.log_end_offset >= self.high_watermark
+            and follower.log_end_offset >= self.leader_epoch_start_offset
+        ):
+            return [*self.isr, replica_id]
+        return None
 
     def isr_shrink(self, now_ms: int, lag_max_ms: int) -> list[int] | None:
         """The ISR without its members not caught up for ``lag_max_ms``, if any (never the leader)."""

@@ -685,7 +685,7 @@ class ReplicaManager:
             replica_id, request.fetch_offset, request.log_start_offset, now, leader_log_end
         ):
             self._wake_fetchers(partition.tp)  # consumers waiting at the old HW
-        self._maybe_alter_isr(partition, partition.isr_expansion())
+        self._maybe_alter_isr(partition, partition.isr_expansion(replica_id))
 
     async def fetch_messages(
         self,

@@ -968,6 +968,8 @@ class Log:
         self.log_start_offset = offset
         with self._lock:
             self.recovery_point = offset
+        # Every epoch started below the new start: none describes this log any more.
+        self.leader_epoch_cache.clear()
         self._after_truncation()
 
     def _after_truncation(self) -> None:
