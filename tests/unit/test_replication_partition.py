@@ -12,6 +12,7 @@ from pathlib import Path
 
 from strom.broker.cluster.metadata import PartitionState, TopicState
 from strom.broker.partition import Partition, TopicPartition
+from strom.broker.replica_fetcher import truncation_offset
 from strom.broker.replica_manager import FetchRequestPartition, ReplicaManager, ReplicationConfig
 from strom.protocol.errors import ErrorCode
 from strom.storage import Log, LogConfig, LogManager
@@ -145,6 +146,24 @@ def test_diverging_epoch_answer(tmp_path: Path) -> None:
     assert partition.diverging_epoch(6, 2) is None
     assert partition.diverging_epoch(6, -1) is None
     partition.log.close()
+
+
+def test_follower_truncation_offsets(tmp_path: Path) -> None:
+    """Kafka's getOffsetTruncationState against a follower whose epochs are 0@0, 1@2, 3@4, LEO 6."""
+    log = Log.open(tmp_path / "t-0", LogConfig())
+    for epoch, start in ((0, 0), (1, 2), (3, 4)):
+        log.leader_epoch_cache.assign(epoch, start)
+        log.append_as_leader(make_batch(2), epoch)
+    follower = Partition(TP, log, -1, [], local_id=2, replicated=True, high_watermark=3)
+    # The leader ended epoch 1 at 3: we truncate there, done.
+    assert truncation_offset(follower, 1, 3) == (3, True)
+    # The leader's epoch 2 is unknown to us: cut back to the end of our epoch 1 and ask again.
+    assert truncation_offset(follower, 2, 5) == (4, False)
+    # The leader knows our epoch 3 and is ahead of us: nothing to cut.
+    assert truncation_offset(follower, 3, 9) == (6, True)
+    # The leader has no epoch at all for us: keep only what was committed.
+    assert truncation_offset(follower, -1, -1) == (3, True)
+    log.close()
 
 
 # -- through the replica manager, with the fake link -------------------------------------------

@@ -18,6 +18,7 @@ import datetime
 import logging
 import time
 import uuid
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,7 @@ class ReplicationConfig:
     replica_fetch_response_max_bytes: int = 10_485_760
     replica_socket_timeout_ms: int = 30_000
     replica_high_watermark_checkpoint_interval_ms: int = 5_000
+    num_replica_fetchers: int = 1
     # The address fetchers connect from: the broker's own listener host (None: any).
     bind_host: str | None = None
 
@@ -73,6 +75,7 @@ class ReplicationConfig:
             replica_fetch_response_max_bytes=config.replica_fetch_response_max_bytes,
             replica_socket_timeout_ms=config.replica_socket_timeout_ms,
             replica_high_watermark_checkpoint_interval_ms=config.replica_high_watermark_checkpoint_interval_ms,
+            num_replica_fetchers=config.num_replica_fetchers,
             bind_host=bind_host,
         )
 
@@ -437,21 +440,25 @@ class ReplicaFetcher:
 
 
 class ReplicaFetcherManager:
-    """The fetchers of one broker, one per leader it follows (num.replica.fetchers = 1)."""
+    """The fetchers of one broker: num.replica.fetchers per leader it follows, each partition
+    with the one its topic and partition hash to (Kafka's getFetcherId)."""
 
     def __init__(self, replica_manager: ReplicaManager, config: ReplicationConfig) -> None:
         self.replica_manager = replica_manager
         self.config = config
-        self._fetchers: dict[int, ReplicaFetcher] = {}
+        self._fetchers: dict[tuple[int, int], ReplicaFetcher] = {}
 
     def add_partition(
         self, tp: TopicPartition, topic_id: uuid.UUID, leader_id: int, leader_epoch: int
     ) -> None:
         """Follow ``tp`` from ``leader_id`` in ``leader_epoch``, truncating first."""
         self.remove_partitions([tp])
-        fetcher = self._fetchers.get(leader_id)
+        # A stable hash (Python's str hash differs between processes).
+        spread = zlib.crc32(tp.topic.encode()) * 31 + tp.partition
+        key = (leader_id, spread % max(1, self.config.num_replica_fetchers))
+        fetcher = self._fetchers.get(key)
         if fetcher is None:
-            fetcher = self._fetchers[leader_id] = ReplicaFetcher(self, leader_id)
+            fetcher = self._fetchers[key] = ReplicaFetcher(self, leader_id)
             fetcher.start()
         fetcher.partitions[tp] = PartitionFetchState(topic_id, leader_epoch)
         fetcher.wake()
@@ -460,14 +467,6 @@ class ReplicaFetcherManager:
         for fetcher in self._fetchers.values():
             for tp in tps:
                 fetcher.partitions.pop(tp, None)
-
-    def fetch_state(self, tp: TopicPartition) -> tuple[int, PartitionFetchState] | None:
-        """(leader id, state) of a followed partition (for tests and tools)."""
-        for leader_id, fetcher in self._fetchers.items():
-            state = fetcher.partitions.get(tp)
-            if state is not None:
-                return leader_id, state
-        return None
 
     async def shutdown(self) -> None:
         fetchers, self._fetchers = self._fetchers, {}
