@@ -153,6 +153,7 @@ async def connect(plane: MiniControlPlane, node_id: int) -> BrokerConnection:
 
 
 async def produce(connection: BrokerConnection, records: bytes, acks: int, timeout_ms: int = 5000) -> Any:
+    """One batch to partition 0; the partition's answer."""
     module = request_module(ApiKey.PRODUCE, 11)
     request = build(
         module.ProduceRequest,
@@ -167,7 +168,8 @@ async def produce(connection: BrokerConnection, records: bytes, acks: int, timeo
             ),
         ),
     )
-    return await connection.send(request, timeout=10)
+    response = await connection.send(request, timeout=10)
+    return response.responses[0].partition_responses[0]
 
 
 async def consumer_fetch(connection: BrokerConnection, offset: int) -> Any:
@@ -192,6 +194,37 @@ async def consumer_fetch(connection: BrokerConnection, offset: int) -> Any:
     return await connection.send(request, timeout=10)
 
 
+async def replica_fetch(
+    connection: BrokerConnection, replica_id: int, offset: int, last_fetched_epoch: int, leader_epoch: int
+) -> Any:
+    """A follower's Fetch (v17: the replica in replica_state); the partition's answer."""
+    module = request_module(ApiKey.FETCH, 17)
+    request = build(
+        module.FetchRequest,
+        replica_state=module.ReplicaState(replica_id=replica_id, replica_epoch=-1),
+        max_wait=datetime.timedelta(milliseconds=0),
+        min_bytes=1,
+        topics=(
+            build(
+                module.FetchTopic,
+                topic_id=TOPIC_ID,
+                partitions=(
+                    build(
+                        module.FetchPartition,
+                        partition=0,
+                        current_leader_epoch=leader_epoch,
+                        fetch_offset=offset,
+                        last_fetched_epoch=last_fetched_epoch,
+                        partition_max_bytes=1 << 20,
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+    return (await connection.send(request, timeout=10)).responses[0].partitions[0]
+
+
 def run(scenario: Callable[[MiniControlPlane], Any], tmp_path: Path) -> None:
     async def main() -> None:
         plane = MiniControlPlane(tmp_path)
@@ -210,8 +243,7 @@ def test_followers_replicate_and_acks_all_waits_for_them(tmp_path: Path) -> None
     async def scenario(plane: MiniControlPlane) -> None:
         leader = await connect(plane, 1)
         for i in range(5):
-            response = await produce(leader, make_batch(3, value_size=100), acks=-1)
-            answer = response.responses[0].partition_responses[0]
+            answer = await produce(leader, make_batch(3, value_size=100), acks=-1)
             assert (answer.error_code, answer.base_offset) == (ErrorCode.none, 3 * i)
         # acks=all answered: the HW covers the records, so every ISR member holds them.
         assert plane.partition(1).high_watermark == 15
@@ -229,7 +261,7 @@ def test_followers_replicate_and_acks_all_waits_for_them(tmp_path: Path) -> None
         assert data.error_code == ErrorCode.not_leader_or_follower
         assert (data.current_leader.leader_id, data.current_leader.leader_epoch) == (1, 0)
         assert [(e.node_id, e.host, e.port) for e in response.node_endpoints] == [(1, *plane.endpoint(1))]
-        answer = (await produce(follower, make_batch(1), acks=1)).responses[0].partition_responses[0]
+        answer = await produce(follower, make_batch(1), acks=1)
         assert answer.error_code == ErrorCode.not_leader_or_follower
         assert answer.current_leader.leader_id == 1
         # The leader serves consumers below the HW.
@@ -244,37 +276,36 @@ def test_followers_replicate_and_acks_all_waits_for_them(tmp_path: Path) -> None
 def test_isr_shrinks_and_expands_and_min_insync_holds(tmp_path: Path) -> None:
     async def scenario(plane: MiniControlPlane) -> None:
         leader = await connect(plane, 1)
-        assert (await produce(leader, make_batch(2), acks=-1)).responses[0].partition_responses[
-            0
-        ].error_code == 0
+        assert (await produce(leader, make_batch(2), acks=-1)).error_code == 0
+        await eventually(lambda: plane.partition(3).high_watermark == 2)
         await plane.stop(3)
+        # Its HW is checkpointed at shutdown (Kafka's replication-offset-checkpoint).
+        checkpoint = plane.root / "broker-3" / "replication-offset-checkpoint"
+        assert checkpoint.read_text() == f"0\n1\n{TOPIC} 0 2\n"
         # Broker 3 stopped fetching while records arrive: after replica.lag.time.max.ms the leader
         # drops it from the ISR (a replica at the leader's LEO is never behind, as in Kafka), and
         # acks=all goes on with brokers 1 and 2 (min.insync.replicas = 2).
-        answer = (
-            (await produce(leader, make_batch(2), acks=-1, timeout_ms=10_000))
-            .responses[0]
-            .partition_responses[0]
-        )
+        answer = await produce(leader, make_batch(2), acks=-1, timeout_ms=10_000)
         assert (answer.error_code, answer.base_offset) == (ErrorCode.none, 2)
         assert plane.state.isr == [1, 2]
         assert plane.partition(1).isr == [1, 2]
 
-        # Broker 3 restarts, learns the state, catches up and rejoins.
+        # Broker 3 restarts (its HW from the checkpoint), learns the state, catches up and rejoins.
         await plane.start(3)
+        assert plane.partition(3).high_watermark >= 2
         await eventually(lambda: plane.state.isr == [1, 2, 3])
         await eventually(lambda: plane.log_bytes(3) == plane.log_bytes(1))
 
         # Two replicas down: acks=all is refused before the append, acks=1 is taken but the HW stays.
         await plane.stop(2)
         await plane.stop(3)
-        answer = (await produce(leader, make_batch(1), acks=1)).responses[0].partition_responses[0]
+        answer = await produce(leader, make_batch(1), acks=1)
         assert answer.error_code == ErrorCode.none
         await eventually(lambda: plane.state.isr == [1])
-        answer = (await produce(leader, make_batch(1), acks=-1)).responses[0].partition_responses[0]
+        answer = await produce(leader, make_batch(1), acks=-1)
         assert answer.error_code == ErrorCode.not_enough_replicas
         hw = plane.partition(1).high_watermark
-        answer = (await produce(leader, make_batch(1), acks=1)).responses[0].partition_responses[0]
+        answer = await produce(leader, make_batch(1), acks=1)
         assert answer.error_code == ErrorCode.none
         assert plane.partition(1).high_watermark == hw < plane.partition(1).log_end_offset
         leader.close()
@@ -285,9 +316,7 @@ def test_isr_shrinks_and_expands_and_min_insync_holds(tmp_path: Path) -> None:
 def test_old_leader_truncates_to_the_new_leaders_log(tmp_path: Path) -> None:
     async def scenario(plane: MiniControlPlane) -> None:
         leader = await connect(plane, 1)
-        assert (await produce(leader, make_batch(5), acks=-1)).responses[0].partition_responses[
-            0
-        ].error_code == 0
+        assert (await produce(leader, make_batch(5), acks=-1)).error_code == 0
         await eventually(lambda: all(plane.partition(n).high_watermark == 5 for n in (1, 2, 3)))
         # Broker 1 is cut off from its followers and the control plane; it takes acks=1 writes
         # nobody else will have.
@@ -296,13 +325,13 @@ def test_old_leader_truncates_to_the_new_leaders_log(tmp_path: Path) -> None:
             fetchers = plane.brokers[n].replica_manager.fetchers
             assert fetchers is not None
             await fetchers.shutdown()
-        answer = (await produce(leader, make_batch(3), acks=1)).responses[0].partition_responses[0]
+        answer = await produce(leader, make_batch(3), acks=1)
         assert (answer.error_code, answer.base_offset) == (ErrorCode.none, 5)
         assert plane.partition(1).log_end_offset == 8
         # The controller elects broker 2 (epoch 1); the new leader takes other records at 5 and 6.
         await plane.elect(2, [2, 3])
         new_leader = await connect(plane, 2)
-        answer = (await produce(new_leader, make_batch(2), acks=-1)).responses[0].partition_responses[0]
+        answer = await produce(new_leader, make_batch(2), acks=-1)
         assert (answer.error_code, answer.base_offset) == (ErrorCode.none, 5)
 
         # Healed: broker 1 becomes a follower, truncates its unreplicated records by
@@ -313,6 +342,16 @@ def test_old_leader_truncates_to_the_new_leaders_log(tmp_path: Path) -> None:
         assert plane.partition(1).log_end_offset == 7
         assert plane.partition(1).log.leader_epoch_cache.entries == [(0, 0), (1, 5)]
         await eventually(lambda: plane.state.isr == [2, 3, 1])
+
+        # KIP-320 on the leader: a replica whose log went on in epoch 0 up to 8 is told where it
+        # diverges (epoch 0 ends at 5 here); one in step gets records up to the LEO.
+        data = await replica_fetch(new_leader, 3, offset=8, last_fetched_epoch=0, leader_epoch=1)
+        assert (data.error_code, data.diverging_epoch.epoch, data.diverging_epoch.end_offset) == (0, 0, 5)
+        assert not data.records
+        data = await replica_fetch(new_leader, 3, offset=5, last_fetched_epoch=0, leader_epoch=1)
+        assert data.diverging_epoch.epoch == -1 and data.records
+        data = await replica_fetch(new_leader, 3, offset=5, last_fetched_epoch=0, leader_epoch=0)
+        assert data.error_code == ErrorCode.fenced_leader_epoch
         leader.close()
         new_leader.close()
 

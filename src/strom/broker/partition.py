@@ -332,8 +332,9 @@ class Partition:
         return self.log.append_as_follower(records)
 
     def update_follower_high_watermark(self, leader_high_watermark: int) -> None:
-        """A follower's HW is the leader's, bounded by what it holds itself."""
-        self.high_watermark = min(leader_high_watermark, self.log.log_end_offset)
+        """A follower's HW is the leader's, bounded by what it holds itself; it only moves up here
+        (a new leader may answer with a HW it has not caught up to yet), down only by truncation."""
+        self.high_watermark = max(self.high_watermark, min(leader_high_watermark, self.log.log_end_offset))
 
     def truncate_to(self, offset: int) -> None:
         """Follower truncation (diverging epochs): the log and epoch cache end at ``offset``."""

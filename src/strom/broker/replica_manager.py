@@ -302,8 +302,9 @@ class ReplicaManager:
         if self.fetchers is not None:
             self.fetchers.remove_partitions([tp])
         # No append until the new epoch is recorded, so none lands under the old one meanwhile.
+        # Produces waiting from an earlier epoch of ours keep waiting: the records stay ours and
+        # commit once the followers fetch in the new epoch.
         partition.leader_id = -1
-        partition.fail_delayed_produces(ErrorCode.not_leader_or_follower)
         cache = partition.log.leader_epoch_cache
         if cache.latest_epoch is None or cache.latest_epoch < state.leader_epoch:
             try:
@@ -312,6 +313,7 @@ class ReplicaManager:
                 )
             except OSError as e:
                 partition.log.log_dir_failed("recording the leader epoch", e)
+                partition.fail_delayed_produces(ErrorCode.kafka_storage_error)
                 return
         if (
             self._partitions.get(tp) is not partition
