@@ -352,6 +352,9 @@ def test_old_leader_truncates_to_the_new_leaders_log(tmp_path: Path) -> None:
         assert data.diverging_epoch.epoch == -1 and data.records
         data = await replica_fetch(new_leader, 3, offset=5, last_fetched_epoch=0, leader_epoch=0)
         assert data.error_code == ErrorCode.fenced_leader_epoch
+        # A broker outside the replica set is no follower.
+        data = await replica_fetch(new_leader, 9, offset=5, last_fetched_epoch=0, leader_epoch=1)
+        assert data.error_code == ErrorCode.not_leader_or_follower
         leader.close()
         new_leader.close()
 

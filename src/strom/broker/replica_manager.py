@@ -640,7 +640,12 @@ class ReplicaManager:
             if not partition.is_leader:
                 results[request.tp] = FetchResult(ErrorCode.not_leader_or_follower)
                 continue
-            follower = replica_id >= 0
+            # On a single node there are no followers: a replica id is read as a consumer, as before.
+            follower = replica_id >= 0 and partition.replicated
+            if follower and replica_id not in partition.followers:
+                # As Kafka: the leader records no position for a broker outside the replica set.
+                results[request.tp] = FetchResult(ErrorCode.not_leader_or_follower)
+                continue
             if follower:
                 diverging = partition.diverging_epoch(request.fetch_offset, request.last_fetched_epoch)
                 if diverging is not None:

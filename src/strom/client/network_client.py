@@ -107,10 +107,8 @@ class NetworkClient:
         wanted = None if topics is None else sorted(set(topics))
         seen = self._metadata_version
         async with self._metadata_lock:
-            if (
-                self._metadata_version != seen
-                and wanted is not None
-                and all(t in self.cluster.topics for t in wanted)
+            if self._metadata_version != seen and wanted is not None and all(
+                t in self.cluster.topics for t in wanted
             ):
                 return self.cluster
 
@@ -120,9 +118,7 @@ class NetworkClient:
                 requested = None
                 if wanted is not None:
                     requested = tuple(
-                        module.MetadataRequestTopic(
-                            **({"topic_id": None} if version >= 10 else {}), name=name
-                        )
+                        module.MetadataRequestTopic(**({"topic_id": None} if version >= 10 else {}), name=name)
                         for name in wanted
                     )
                 fields: dict[str, Any] = {"topics": requested}

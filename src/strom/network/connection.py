@@ -151,9 +151,7 @@ class BrokerConnection(asyncio.Protocol):
         """The highest version of ``api_key`` that this client (``client_min``..``client_max``) and the broker share."""
         broker = self.api_versions.get(api_key)
         if broker is None:
-            raise UnsupportedVersionError(
-                f"broker {self.address} does not support api {ApiKey(api_key).name}"
-            )
+            raise UnsupportedVersionError(f"broker {self.address} does not support api {ApiKey(api_key).name}")
         version = min(client_max, broker.max)
         if version < max(client_min, broker.min):
             raise UnsupportedVersionError(

@@ -148,9 +148,7 @@ class RecordBatchBuilder:
             if count and len(buffer) + size > self.limit:
                 return 0
             # The value (usually the bulk) is copied once, straight into the batch.
-            buffer += b"".join(
-                (length_prefix, b"\x00", timestamp_delta, offset_delta, key_prefix, key, value_prefix)
-            )
+            buffer += b"".join((length_prefix, b"\x00", timestamp_delta, offset_delta, key_prefix, key, value_prefix))
             buffer += value
             buffer += b"\x00"  # no headers
         else:
@@ -198,6 +196,7 @@ class RecordBatchBuilder:
         )
         return batch
 
+
     def records(self) -> list[Record]:
         """The records appended so far, decoded (offsets relative to the batch)."""
         data = bytearray(self.buffer)
@@ -221,9 +220,7 @@ class RecordBatchBuilder:
         return decode_batch(data, verify_crc=False).records
 
 
-def rewrite_producer_state(
-    batch: bytearray, producer_id: int, producer_epoch: int, base_sequence: int
-) -> None:
+def rewrite_producer_state(batch: bytearray, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
     """Set a built batch's producer id, epoch and base sequence, and its CRC again."""
     _PRODUCER_STATE.pack_into(batch, PRODUCER_ID, producer_id, producer_epoch, base_sequence)
     write_crc(batch)

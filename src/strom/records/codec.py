@@ -97,9 +97,7 @@ def _decode(data: bytes | memoryview, header: BatchHeader, verify_crc: bool) -> 
     try:
         decoded = scanner.decode(payload, start, end, header.records_count, header.last_offset_delta)
     except scanner.RecordError as error:
-        raise InvalidBatchError(
-            f"malformed record in batch at offset {header.base_offset}: {error}", corrupt=True
-        ) from error
+        raise InvalidBatchError(f"malformed record in batch at offset {header.base_offset}: {error}", corrupt=True) from error
     base_offset = header.base_offset
     base_timestamp = header.base_timestamp
     records: list[Record] = []
@@ -111,9 +109,7 @@ def _decode(data: bytes | memoryview, header: BatchHeader, verify_crc: bool) -> 
             append(_new_record(base_offset + offset_delta, log_append_time, key, value, headers))
     else:
         for offset_delta, timestamp_delta, key, value, headers in decoded:
-            append(
-                _new_record(base_offset + offset_delta, base_timestamp + timestamp_delta, key, value, headers)
-            )
+            append(_new_record(base_offset + offset_delta, base_timestamp + timestamp_delta, key, value, headers))
     return RecordBatch(header, records)
 
 

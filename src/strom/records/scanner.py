@@ -182,8 +182,7 @@ def batch_records(
         raise InvalidBatchError("record batch is truncated", corrupt=True)
     if verify_crc and compute_crc(data, position, header.size) != header.crc:
         raise InvalidBatchError(
-            f"record batch at offset {header.base_offset} fails its CRC (stored crc = {header.crc})",
-            corrupt=True,
+            f"record batch at offset {header.base_offset} fails its CRC (stored crc = {header.crc})", corrupt=True
         )
     codec = header.attributes & COMPRESSION_MASK
     if codec == CompressionType.NONE:
@@ -194,7 +193,9 @@ def batch_records(
         if limit is None:
             payload = decompress_to_buffer(codec, memoryview(data)[position + HEADER_SIZE : batch_end])
         else:
-            payload = decompress_to_buffer(codec, memoryview(data)[position + HEADER_SIZE : batch_end], limit)
+            payload = decompress_to_buffer(
+                codec, memoryview(data)[position + HEADER_SIZE : batch_end], limit
+            )
     except CompressionError as error:
         raise InvalidBatchError(str(error), corrupt=True) from error
     return payload, 0, len(payload)
@@ -206,9 +207,7 @@ def assemble_batch(
     """A v2 batch: the header (``fields``: write_header's) around ``records``, compressed with
     the codec in ``attributes``."""
     codec = attributes & COMPRESSION_MASK
-    payload: Any = (
-        records if codec == CompressionType.NONE else compress_to_buffer(codec, records, compression_level)
-    )
+    payload: Any = records if codec == CompressionType.NONE else compress_to_buffer(codec, records, compression_level)
     batch = bytearray(HEADER_SIZE)
     batch += payload
     write_header(batch, attributes=attributes, **fields)

@@ -50,9 +50,7 @@ def decode_batches(
         try:
             scanner.check(b.payload, b.position, b.limit, b.count, b.last_offset_delta)
         except scanner.RecordError as error:
-            raise InvalidBatchError(
-                f"malformed record in batch at offset {b.base_offset}: {error}", corrupt=True
-            ) from error
+            raise InvalidBatchError(f"malformed record in batch at offset {b.base_offset}: {error}", corrupt=True) from error
     payload = b"".join(memoryview(b.payload)[b.position : b.limit] for b in batches)
     body_starts, ends = _walk(payload, batches)
     counts = [b.count for b in batches]
@@ -80,9 +78,7 @@ def decode_batches(
     log_append = np.repeat(np.array([b.timestamp_type for b in batches], np.int64), counts)
     timestamps = np.repeat(np.array([b.base_timestamp for b in batches], np.int64), counts)
     timestamps += np.where(log_append == 1, 0, timestamp_delta)
-    keep = (offsets < until_offset) & (
-        offsets >= np.repeat(np.array([b.min_offset for b in batches]), counts)
-    )
+    keep = (offsets < until_offset) & (offsets >= np.repeat(np.array([b.min_offset for b in batches]), counts))
     selected: npt.NDArray[np.intp] | None = None if keep.all() else np.flatnonzero(keep)
 
     def pick(values: Int64s) -> Int64s:
@@ -100,13 +96,7 @@ def decode_batches(
     ]
     if include_headers:
         columns.append(
-            _headers(
-                payload,
-                pick(header_count),
-                pick(header_count_start),
-                pick(ends),
-                schema.field("headers").type,
-            )
+            _headers(payload, pick(header_count), pick(header_count_start), pick(ends), schema.field("headers").type)
         )
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
@@ -207,9 +197,7 @@ def _binary(payload: bytes, buf: npt.NDArray[np.uint8], start: Int64s, length: I
     view_bytes[outline, 4:8] = head[outline, :4]
     views[outline, 3] = start[outline]  # buffer 0 (the payload), at the value's offset
     validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
-    array = pa.Array.from_buffers(
-        pa.binary_view(), count, [validity, pa.py_buffer(views), pa.py_buffer(payload)]
-    )
+    array = pa.Array.from_buffers(pa.binary_view(), count, [validity, pa.py_buffer(views), pa.py_buffer(payload)])
     return array.cast(pa.binary())
 
 
@@ -227,3 +215,4 @@ def _headers(
             raise InvalidBatchError("a record's headers do not end with the record", corrupt=True)
         rows.append([{"key": key, "value": value} for key, value in headers])
     return pa.array(rows, header_type)
+

@@ -168,9 +168,7 @@ class OffsetCommitter(StreamingQueryListener):
         if known is not None:
             return known
         if execution is None:
-            log.warning(
-                "query %s ended before its sources could be inspected; offsets not committed", query_name
-            )
+            log.warning("query %s ended before its sources could be inspected; offsets not committed", query_name)
             return {}
         checkpoint = str(execution.resolvedCheckpointRoot())
         found: dict[str, _StromSource] = {}
@@ -184,9 +182,7 @@ class OffsetCommitter(StreamingQueryListener):
                 continue
             options = _java_map(relation.options().asCaseSensitiveMap())
             parsed = parse_source_options(options, streaming=True)
-            found[str(leaf.stream().toString())] = _StromSource(
-                parsed, consumer_group(parsed, query_name, checkpoint)
-            )
+            found[str(leaf.stream().toString())] = _StromSource(parsed, consumer_group(parsed, query_name, checkpoint))
         with self._lock:
             self._sources[run_id] = found
         return found

@@ -107,9 +107,7 @@ class OffsetReader:
             out.update(self.earliest(earliest))
             out.update(self.latest(latest))
             return out
-        timestamps = (
-            dict.fromkeys(wanted, limit.timestamp) if limit.kind == "timestamp" else dict(limit.timestamps)
-        )
+        timestamps = dict.fromkeys(wanted, limit.timestamp) if limit.kind == "timestamp" else dict(limit.timestamps)
         results = self.admin.list_offsets(
             {tp: OffsetSpec.for_timestamp(ts) for tp, ts in timestamps.items()},
             isolation_level=self._isolation,
@@ -139,9 +137,7 @@ class OffsetReader:
 def _not_all_partitions(
     kind: str, starting: bool, given: set[TopicPartition], assigned: list[TopicPartition]
 ) -> str:
-    option = ("starting" if starting else "ending") + (
-        "Offsets" if kind == "offsets" else "OffsetsByTimestamp"
-    )
+    option = ("starting" if starting else "ending") + ("Offsets" if kind == "offsets" else "OffsetsByTimestamp")
     missing = sorted(set(assigned) - given)
     extra = sorted(given - set(assigned))
     what = "; ".join(

@@ -73,9 +73,7 @@ class StreamOffset:
         return cls(from_json_dict(positions, what), cluster, {str(k): str(v) for k, v in ids.items()})
 
 
-def check_origin(
-    checkpointed: StreamOffset, cluster_id: str | None, topic_ids: Mapping[str, str], where: str
-) -> None:
+def check_origin(checkpointed: StreamOffset, cluster_id: str | None, topic_ids: Mapping[str, str], where: str) -> None:
     """Refuse offsets taken on another cluster, or on an earlier topic of the same name.
 
     ``where`` names the cluster being read (its bootstrap servers). Offsets without ids (an
@@ -129,9 +127,7 @@ def from_json_dict(value: Any, what: str = "offsets") -> PartitionOffsets:
             try:
                 number = int(partition)
             except ValueError as error:
-                raise OffsetsFormatError(
-                    f"{what}: {partition!r} of topic {topic!r} is not a partition"
-                ) from error
+                raise OffsetsFormatError(f"{what}: {partition!r} of topic {topic!r} is not a partition") from error
             if isinstance(offset, bool) or not isinstance(offset, int):
                 raise OffsetsFormatError(f"{what}: offset {offset!r} of {topic}-{number} is not an integer")
             out[TopicPartition(topic, number)] = offset
@@ -148,9 +144,7 @@ def assignment_from_json(text: str) -> list[TopicPartition]:
         isinstance(parts, list) and all(isinstance(p, int) and not isinstance(p, bool) for p in parts)
         for parts in value.values()
     ):
-        raise OffsetsFormatError(
-            f'option "assign" must be like {{"topicA": [0, 1], "topicB": [2]}}, got {text!r}'
-        )
+        raise OffsetsFormatError(f'option "assign" must be like {{"topicA": [0, 1], "topicB": [2]}}, got {text!r}')
     return sorted({TopicPartition(topic, p) for topic, parts in value.items() for p in parts})
 
 

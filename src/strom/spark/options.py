@@ -214,9 +214,7 @@ def _kafka_params(opts: Mapping[str, str], role: str) -> tuple[str, dict[str, st
     bootstrap = params.pop("bootstrap.servers", None)
     if not bootstrap:
         kind = "consumer" if role == "source" else "producer"
-        raise OptionError(
-            f"option 'kafka.bootstrap.servers' must be specified for configuring the Kafka {kind}"
-        )
+        raise OptionError(f"option 'kafka.bootstrap.servers' must be specified for configuring the Kafka {kind}")
     return bootstrap, params
 
 
@@ -342,7 +340,5 @@ def _duration_ms(value: str | None, default: int) -> int:
         return default
     match = _DURATION.match(value)
     if not match:
-        raise OptionError(
-            f"option 'maxTriggerDelay' must be a duration like '15m', '30s' or '500ms', got {value!r}"
-        )
+        raise OptionError(f"option 'maxTriggerDelay' must be a duration like '15m', '30s' or '500ms', got {value!r}")
     return int(match.group(1)) * _UNIT_MS[(match.group(2) or "ms").lower()]

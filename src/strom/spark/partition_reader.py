@@ -52,9 +52,7 @@ def data_loss_message(tp: TopicPartition, lost_from: int, lost_until: int, cause
 
 def report_data_loss(fail: bool, message: str) -> None:
     if fail:
-        raise DataLossError(
-            f"{message} Set the source option failOnDataLoss to false to skip lost offsets and go on."
-        )
+        raise DataLossError(f"{message} Set the source option failOnDataLoss to false to skip lost offsets and go on.")
     log.warning("%s Skipped (failOnDataLoss=false).", message)
 
 

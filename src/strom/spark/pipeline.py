@@ -300,9 +300,7 @@ def stage_checkpoint(checkpoint_dir: Path, pipeline: Pipeline, stage: Stage) -> 
 
 def group_id(pipeline: Pipeline, stage: Stage) -> str:
     """The consumer group the committer commits the stage's finished batches to."""
-    return consumer_group(
-        parse_source_options(stage.reader_options("-"), streaming=True), pipeline.query_name(stage)
-    )
+    return consumer_group(parse_source_options(stage.reader_options("-"), streaming=True), pipeline.query_name(stage))
 
 
 def _utc_now() -> str:

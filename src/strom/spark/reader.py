@@ -126,9 +126,7 @@ class StromBatchReader(DataSourceReader):
             if lower < earliest[tp]:
                 report_data_loss(
                     self.options.fail_on_data_loss,
-                    data_loss_message(
-                        tp, lower, min(earliest[tp], upper), "deleted by retention or DeleteRecords"
-                    ),
+                    data_loss_message(tp, lower, min(earliest[tp], upper), "deleted by retention or DeleteRecords"),
                 )
                 lower = min(earliest[tp], upper)
             ranges[tp] = (lower, upper)
@@ -161,17 +159,13 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         start = self.offsets.resolve(self.options.starting, tps, starting=True)
         return self._stamp(start, self.offsets.cluster_id(), topic_ids)
 
-    def _stamp(
-        self, offsets: PartitionOffsets, cluster_id: str | None, topic_ids: dict[str, str]
-    ) -> dict[str, Any]:
+    def _stamp(self, offsets: PartitionOffsets, cluster_id: str | None, topic_ids: dict[str, str]) -> dict[str, Any]:
         """The checkpoint form of ``offsets``, with the ids of the cluster and topics they are in."""
         topics = {tp.topic for tp in offsets}
         ids = {topic: topic_id for topic, topic_id in topic_ids.items() if topic in topics}
         return StreamOffset(offsets, cluster_id, ids).to_json_dict()
 
-    def _checked(
-        self, value: Any, what: str, cluster_id: str | None, topic_ids: dict[str, str]
-    ) -> PartitionOffsets:
+    def _checked(self, value: Any, what: str, cluster_id: str | None, topic_ids: dict[str, str]) -> PartitionOffsets:
         """A checkpointed offset's positions, once it is known to belong to this cluster and its topics."""
         offset = StreamOffset.from_json_dict(value, what)
         check_origin(offset, cluster_id, topic_ids, self.options.bootstrap_servers)
@@ -253,17 +247,12 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if upper < lower:
                 report_data_loss(
                     fail,
-                    data_loss_message(
-                        tp, upper, lower, f"the log now ends at {upper}, before the query's position"
-                    ),
+                    data_loss_message(tp, upper, lower, f"the log now ends at {upper}, before the query's position"),
                 )
                 continue
             if lower < earliest.get(tp, lower):
                 report_data_loss(
-                    fail,
-                    data_loss_message(
-                        tp, lower, min(earliest[tp], upper), "deleted by retention or DeleteRecords"
-                    ),
+                    fail, data_loss_message(tp, lower, min(earliest[tp], upper), "deleted by retention or DeleteRecords")
                 )
                 lower = min(earliest[tp], upper)
             ranges[tp] = (lower, upper)

@@ -45,9 +45,7 @@ class StromDataSource(DataSource):
 
     def _sink_options(self, schema: StructType, overwrite: bool) -> SinkOptions:
         if overwrite:
-            raise OptionError(
-                "save mode overwrite is not allowed for strom: a topic is appended to, never replaced"
-            )
+            raise OptionError("save mode overwrite is not allowed for strom: a topic is appended to, never replaced")
         options = parse_sink_options(self.options)
         validate_sink_schema(schema, options)
         return options

@@ -43,9 +43,7 @@ def validate_sink_schema(schema: StructType, options: SinkOptions) -> None:
     if "value" not in types:
         raise OptionError("required attribute 'value' not found in the DataFrame written to strom")
     if not isinstance(types["value"], _TEXT_OR_BYTES):
-        raise OptionError(
-            f"value attribute type must be a string or binary, not {types['value'].simpleString()}"
-        )
+        raise OptionError(f"value attribute type must be a string or binary, not {types['value'].simpleString()}")
     if "key" in types and not isinstance(types["key"], _TEXT_OR_BYTES):
         raise OptionError(f"key attribute type must be a string or binary, not {types['key'].simpleString()}")
     if options.topic is None:
@@ -57,7 +55,9 @@ def validate_sink_schema(schema: StructType, options: SinkOptions) -> None:
         if not isinstance(types["topic"], StringType):
             raise OptionError(f"topic attribute type must be a string, not {types['topic'].simpleString()}")
     if "partition" in types and not isinstance(types["partition"], IntegerType):
-        raise OptionError(f"partition attribute type must be an int, not {types['partition'].simpleString()}")
+        raise OptionError(
+            f"partition attribute type must be an int, not {types['partition'].simpleString()}"
+        )
     if "headers" in types:
         headers = types["headers"]
         element = headers.elementType if isinstance(headers, ArrayType) else None
@@ -96,7 +96,9 @@ def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> St
             else:
                 topics = batch.column("topic").to_pylist()
             partitions = batch.column("partition").to_pylist() if "partition" in names else [None] * count
-            headers: list[Any] = batch.column("headers").to_pylist() if "headers" in names else [None] * count
+            headers: list[Any] = (
+                batch.column("headers").to_pylist() if "headers" in names else [None] * count
+            )
             for topic, key, value, partition, header in zip(
                 topics, keys, values, partitions, headers, strict=True
             ):

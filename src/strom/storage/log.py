@@ -735,9 +735,7 @@ class Log:
             for record in records:
                 offset = header.base_offset + record[4]
                 timestamp = header.base_timestamp + record[5]
-                if offset >= self.log_start_offset and (
-                    timestamp == target if exact else timestamp >= target
-                ):
+                if offset >= self.log_start_offset and (timestamp == target if exact else timestamp >= target):
                     return TimestampAndOffset(timestamp, offset, epoch)
         return None
 

@@ -303,6 +303,8 @@ def read_snapshot(path: Path) -> dict[int, ProducerStateEntry]:
             pid, epoch, coordinator_epoch=coordinator_epoch, current_txn_first_offset=txn_first
         )
         first_seq = (last_seq - delta) % (INT32_MAX + 1) if last_seq >= 0 else rb.NO_SEQUENCE
-        entry.batches.append(BatchMetadata(first_seq, last_seq, last_offset - delta, last_offset, timestamp))
+        entry.batches.append(
+            BatchMetadata(first_seq, last_seq, last_offset - delta, last_offset, timestamp)
+        )
         producers[pid] = entry
     return producers

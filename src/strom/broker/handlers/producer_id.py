@@ -46,6 +46,4 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
             producer_id=NO_PRODUCER_ID,
             producer_epoch=-1,
         )
-    return build(
-        r.InitProducerIdResponse, error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=0
-    )
+    return build(r.InitProducerIdResponse, error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=0)

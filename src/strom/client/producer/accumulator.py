@@ -179,12 +179,7 @@ class RecordFuture:
     __slots__ = ("_key_size", "_relative_offset", "_result", "_timestamp", "_value_size")
 
     def __init__(
-        self,
-        result: ProduceRequestResult,
-        relative_offset: int,
-        timestamp: int,
-        key_size: int,
-        value_size: int,
+        self, result: ProduceRequestResult, relative_offset: int, timestamp: int, key_size: int, value_size: int
     ) -> None:
         self._result = result
         self._relative_offset = relative_offset
@@ -273,9 +268,7 @@ class ProducerBatch(RecordBatchBuilder):
         "tp",
     )
 
-    def __init__(
-        self, tp: TopicPartition, limit: int, now: float, delivery_timeout: float, reserved: int
-    ) -> None:
+    def __init__(self, tp: TopicPartition, limit: int, now: float, delivery_timeout: float, reserved: int) -> None:
         super().__init__(limit)
         self.tp = tp
         self.result = ProduceRequestResult(tp)
@@ -339,9 +332,7 @@ class ProducerBatch(RecordBatchBuilder):
         """Complete every record's future and run the callbacks in order; False if already done."""
         if self.is_done:
             if error is None and self.final_error is not None:
-                log.debug(
-                    "%s: a response arrived for a batch that already failed: %s", self.tp, self.final_error
-                )
+                log.debug("%s: a response arrived for a batch that already failed: %s", self.tp, self.final_error)
             return False
         self.is_done = True
         self.final_error = error
@@ -595,17 +586,7 @@ class RecordAccumulator:
                     self.available_memory -= need
                     new_batch = True
                     return self._new_batch(
-                        topic,
-                        queue,
-                        sticky,
-                        need,
-                        timestamp,
-                        key,
-                        value,
-                        headers,
-                        callback,
-                        key_size,
-                        value_size,
+                        topic, queue, sticky, need, timestamp, key, value, headers, callback, key_size, value_size
                     )
                 if max_block is None:
                     return None
@@ -697,9 +678,7 @@ class RecordAccumulator:
             self.wakeup()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise KafkaTimeoutError(
-                    "failed to allocate memory within max.block.ms: buffer.memory is exhausted"
-                )
+                raise KafkaTimeoutError("failed to allocate memory within max.block.ms: buffer.memory is exhausted")
             try:
                 async with asyncio.timeout(remaining):
                     await event.wait()
@@ -916,9 +895,7 @@ class RecordAccumulator:
         limit = min(self.batch_size, max(len(batch.buffer) // 2, HEADER_SIZE + RECORD_OVERHEAD))
         for index, record in enumerate(batch.records()):
             part = parts[-1] if parts else None
-            if part is None or not part.try_append(
-                record.timestamp, record.key, record.value, record.headers
-            ):
+            if part is None or not part.try_append(record.timestamp, record.key, record.value, record.headers):
                 part = ProducerBatch(batch.tp, limit, batch.created, self.delivery_timeout, 0)
                 part.record_base = batch.record_base + index
                 part.try_append(record.timestamp, record.key, record.value, record.headers)

@@ -148,9 +148,7 @@ class IdempotenceManager:
             entry.last_acked_sequence = batch.last_sequence
         entry.remove(batch)
 
-    def handle_failed_batch(
-        self, batch: ProducerBatch, error: ErrorCode | None, adjust_sequences: bool
-    ) -> None:
+    def handle_failed_batch(self, batch: ProducerBatch, error: ErrorCode | None, adjust_sequences: bool) -> None:
         """A batch failed for good. ``adjust_sequences``: it was certainly not appended."""
         tp = batch.tp
         entry = self._partitions.get(tp)
@@ -179,9 +177,7 @@ class IdempotenceManager:
             return True
         if error == ErrorCode.out_of_order_sequence_number:
             unresolved = tp in self._unresolved
-            if not unresolved and (
-                batch.sequence_reset or not self._is_next_sequence(tp, batch.base_sequence)
-            ):
+            if not unresolved and (batch.sequence_reset or not self._is_next_sequence(tp, batch.base_sequence)):
                 # Not the next batch the broker expects: an earlier one failed and is being retried.
                 return True
             if not unresolved or self._unresolved.get(tp) == batch.base_sequence:

@@ -30,13 +30,7 @@ log = logging.getLogger(__name__)
 _FATAL_TOPIC_ERRORS = frozenset(
     {ErrorCode.invalid_topic_exception, ErrorCode.topic_authorization_failed, ErrorCode.invalid_request}
 )
-_REFRESH_ERRORS = (
-    KafkaConnectionError,
-    RequestTimeoutError,
-    UnsupportedVersionError,
-    ProtocolError,
-    KafkaException,
-)
+_REFRESH_ERRORS = (KafkaConnectionError, RequestTimeoutError, UnsupportedVersionError, ProtocolError, KafkaException)
 
 
 class ProducerMetadata:

@@ -114,9 +114,7 @@ class _ProducerCore:
         self.max_block = settings["max.block.ms"] / 1000
         self.max_request_size = settings["max.request.size"]
         self.buffer_memory = settings["buffer.memory"]
-        self.ignore_keys = (
-            settings["partitioner.ignore.keys"] or settings["partitioner.class"] == "round_robin"
-        )
+        self.ignore_keys = settings["partitioner.ignore.keys"] or settings["partitioner.class"] == "round_robin"
         # Records whose key and value together are smaller than this need no size check.
         self.size_check = min(self.max_request_size, self.buffer_memory) - HEADER_SIZE - RECORD_OVERHEAD - 64
         codec = settings["compression.type"]
@@ -190,9 +188,7 @@ class _ProducerCore:
                 hashes[key] = hashed
         return hashed % num_partitions
 
-    def check_record_size(
-        self, key: bytes | None, value: bytes | None, headers: Sequence[Header] | None
-    ) -> None:
+    def check_record_size(self, key: bytes | None, value: bytes | None, headers: Sequence[Header] | None) -> None:
         size = HEADER_SIZE + RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
         if headers:
             size += sum(len(name) + len(v or b"") + 10 for name, v in headers)
@@ -286,20 +282,12 @@ class Producer:
         max_block = self._max_block
         requested_partition = partition
         state = self._accumulator.topics.get(topic)
-        if (
-            state is None
-            or not state.num_partitions
-            or (partition is not None and partition >= state.num_partitions)
-        ):
+        if state is None or not state.num_partitions or (partition is not None and partition >= state.num_partitions):
             started = time.monotonic()
             state = self._wait_on_metadata(topic, partition)
             max_block = max(0.0, max_block - (time.monotonic() - started))
         if partition is None:
-            partition = (
-                -1
-                if key is None or self._ignore_keys
-                else self._core.key_partition(key, state.num_partitions)
-            )
+            partition = -1 if key is None or self._ignore_keys else self._core.key_partition(key, state.num_partitions)
         elif partition < 0:
             raise KafkaException(f"invalid partition {partition} for topic {topic}")
         if (len(value) if value else 0) + (len(key) if key else 0) > self._size_check or checked_headers:
@@ -565,18 +553,12 @@ class AsyncProducer:
         started = time.monotonic()
         requested_partition = partition
         state = accumulator.topics.get(topic)
-        if (
-            state is None
-            or not state.num_partitions
-            or (partition is not None and partition >= state.num_partitions)
-        ):
+        if state is None or not state.num_partitions or (partition is not None and partition >= state.num_partitions):
             if core.closed:
                 raise KafkaException("cannot send: the producer is closed")
             state = await core.wait_on_metadata(topic, partition, core.max_block)
         if partition is None:
-            partition = (
-                -1 if key is None or core.ignore_keys else core.key_partition(key, state.num_partitions)
-            )
+            partition = -1 if key is None or core.ignore_keys else core.key_partition(key, state.num_partitions)
         elif partition < 0:
             raise KafkaException(f"invalid partition {partition} for topic {topic}")
         if (len(value) if value else 0) + (len(key) if key else 0) > core.size_check or checked_headers:
@@ -586,9 +568,7 @@ class AsyncProducer:
         sender_was_woken = accumulator.wakeup_pending
         try:
             while (
-                future := accumulator.append(
-                    state, partition, timestamp, key, value, checked_headers, callback, None
-                )
+                future := accumulator.append(state, partition, timestamp, key, value, checked_headers, callback, None)
             ) is None:
                 await accumulator.wait_for_space(started + core.max_block, self._space)
         except TopicExpiredError:

@@ -123,9 +123,7 @@ class Sender:
             await asyncio.sleep(0)
             return
         waiter = self._waiter = self._loop.create_future()
-        handle = (
-            self._loop.call_later(min(timeout, 3600.0), _resolve, waiter) if timeout != float("inf") else None
-        )
+        handle = self._loop.call_later(min(timeout, 3600.0), _resolve, waiter) if timeout != float("inf") else None
         try:
             await waiter
         finally:
@@ -308,17 +306,11 @@ class Sender:
                 )
         for batch in batches.values():
             # A partition the response left out: as if the connection failed for it.
-            self._complete_batch(
-                batch, ErrorCode.network_exception, -1, -1, -1, "missing from the response", now
-            )
+            self._complete_batch(batch, ErrorCode.network_exception, -1, -1, -1, "missing from the response", now)
         self.wakeup()
 
     def _on_disconnect(self, batches: list[ProducerBatch], error: BaseException | None) -> None:
-        code = (
-            ErrorCode.request_timed_out
-            if isinstance(error, RequestTimeoutError)
-            else ErrorCode.network_exception
-        )
+        code = ErrorCode.request_timed_out if isinstance(error, RequestTimeoutError) else ErrorCode.network_exception
         now = time.monotonic()
         for batch in batches:
             self._complete_batch(batch, code, -1, -1, -1, str(error) if error else None, now)
@@ -396,9 +388,7 @@ class Sender:
         try:
             response = await self.client.send_any(build_request)
         except UnsupportedVersionError as exc:
-            self._fatal(
-                KafkaException(f"idempotence needs InitProducerId: {exc}", ErrorCode.unsupported_version)
-            )
+            self._fatal(KafkaException(f"idempotence needs InitProducerId: {exc}", ErrorCode.unsupported_version))
             return
         except (KafkaConnectionError, RequestTimeoutError, ProtocolError) as exc:
             log.debug("InitProducerId failed: %s", exc)
@@ -407,9 +397,7 @@ class Sender:
             return
         code = ErrorCode(response.error_code)
         if code == ErrorCode.none:
-            self.idempotence.set_producer_id_and_epoch(
-                int(response.producer_id), int(response.producer_epoch)
-            )
+            self.idempotence.set_producer_id_and_epoch(int(response.producer_id), int(response.producer_epoch))
         elif code.retriable:
             await self._sleep(self.client.retry_backoff)
         else:
