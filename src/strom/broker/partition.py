@@ -98,9 +98,8 @@ class Partition:
         self.pending_isr: list[int] | None = None
         # acks=all produces: (required HW, future completed with the produce's error code).
         self._produce_waiters: list[tuple[int, asyncio.Future[ErrorCode]]] = []
-        if not replicated and (
-            log.leader_epoch_cache.latest_epoch is None or log.leader_epoch_cache.latest_epoch < leader_epoch
-        ):
+        latest_epoch = log.leader_epoch_cache.latest_epoch
+        if not replicated and leader_epoch >= 0 and (latest_epoch is None or latest_epoch < leader_epoch):
             try:
                 log.leader_epoch_cache.assign(leader_epoch, log.log_end_offset)
             except OSError as e:  # its checkpoint file could not be written
