@@ -4,30 +4,60 @@ Produce appends to each partition's leader log; fetch reads whole batches below 
 high watermark and, when fewer than ``min_bytes`` are available, waits (a delayed
 fetch) until an append to one of its partitions or ``max_wait_ms`` -- Kafka's
 purgatory reduced to one future per waiting fetch.
+
+With a ``ClusterLink`` (ZooKeeper mode) it is Kafka's ReplicaManager: partition states from the
+control plane make this broker leader or follower of each replica it hosts, followers fetch
+from their leaders (replica_fetcher), leaders answer those fetches up to their LEO, track the
+followers, change the ISR through the link, and hold acks=all produces until the HW passes
+them (a delayed produce). High watermarks are checkpointed to ``replication-offset-checkpoint``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from strom.broker.cluster.metadata import TopicState
+from strom.broker.cluster.metadata import ClusterLink, PartitionState, TopicState
 from strom.broker.partition import NotEnoughReplicasError, Partition, TopicPartition
+from strom.broker.replica_fetcher import ReplicaFetcherManager, ReplicationConfig
 from strom.protocol.errors import ErrorCode
 from strom.storage import KafkaStorageError, LogConfig, LogManager, NewLog, StorageError
+from strom.storage.log import wall_clock_ms
 from strom.storage.log_validator import ValidatedRecords, needs_worker
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "FetchRequestPartition",
+    "FetchResult",
+    "LeadershipListener",
+    "ProduceResult",
+    "ReplicaManager",
+    "ReplicationConfig",
+]
+
+
+class LeadershipListener(Protocol):
+    """Told, on the event loop, after this broker becomes leader or follower of a partition
+    (the group coordinator loads and unloads its groups with ``__consumer_offsets`` leadership)."""
+
+    def on_become_leader(self, tp: TopicPartition, leader_epoch: int) -> None: ...
+
+    def on_become_follower(self, tp: TopicPartition) -> None: ...
 
 
 @dataclass(slots=True)
 class ProduceResult:
     error: ErrorCode = ErrorCode.none
     base_offset: int = -1
+    last_offset: int = -1
     log_append_time: int = -1
     log_start_offset: int = -1
     error_message: str | None = None
@@ -39,6 +69,9 @@ class FetchRequestPartition:
     tp: TopicPartition
     fetch_offset: int
     max_bytes: int
+    # A follower's fetch (replica_id >= 0): its last fetched epoch (KIP-320) and log start offset.
+    last_fetched_epoch: int = -1
+    log_start_offset: int = -1
 
 
 @dataclass(slots=True)
@@ -48,6 +81,8 @@ class FetchResult:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     records: bytes = b""
+    # KIP-320: (epoch, end offset) where a follower's log diverges from the leader's.
+    diverging_epoch: tuple[int, int] | None = None
 
 
 def error_code_of(exc: BaseException) -> ErrorCode:
@@ -56,14 +91,36 @@ def error_code_of(exc: BaseException) -> ErrorCode:
 
 
 class ReplicaManager:
-    def __init__(self, log_manager: LogManager, config_for: Callable[[TopicState], LogConfig]) -> None:
+    def __init__(
+        self,
+        log_manager: LogManager,
+        config_for: Callable[[TopicState], LogConfig],
+        *,
+        node_id: int | None = None,
+        cluster: ClusterLink | None = None,
+        replication: ReplicationConfig | None = None,
+        time_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
         self.log_manager = log_manager
         self._config_for = config_for
+        self.cluster = cluster
+        self.node_id = node_id if node_id is not None else (cluster.node_id if cluster is not None else 0)
+        self.replication = replication or ReplicationConfig()
+        self._time_ms = time_ms
         self._partitions: dict[TopicPartition, Partition] = {}
         # Partitions whose log could not be opened because its log dir is offline (Kafka's
         # HostedPartition.Offline): they answer KAFKA_STORAGE_ERROR until a restart.
         self._offline_partitions: set[TopicPartition] = set()
         self._fetch_waiters: dict[TopicPartition, list[asyncio.Future[None]]] = defaultdict(list)
+        # Cluster mode: the (leader epoch, partition epoch) applied per partition, older states ignored.
+        self._applied: dict[TopicPartition, tuple[int, int]] = {}
+        self._state_locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._topic_ids: dict[str, uuid.UUID] = {}
+        self._listeners: list[LeadershipListener] = []
+        self._alter_tasks: set[asyncio.Task[None]] = set()
+        self._background: list[asyncio.Task[None]] = []
+        self._checkpointed_high_watermarks: dict[tuple[str, int], int] | None = None
+        self.fetchers = ReplicaFetcherManager(self, self.replication) if cluster is not None else None
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -77,7 +134,9 @@ class ReplicaManager:
                 continue
             try:
                 log_ = self.log_manager.get_or_create_log(topic.name, state.partition, config, topic.topic_id)
-                self._partitions[tp] = Partition(tp, log_, state.leader_epoch, list(state.isr))
+                self._partitions[tp] = Partition(
+                    tp, log_, state.leader_epoch, list(state.isr), local_id=self.node_id
+                )
             except KafkaStorageError as exc:
                 log.debug("partition %s is offline: %s", tp, exc)  # the failure channel logged the cause
                 self._offline_partitions.add(tp)
@@ -111,20 +170,306 @@ class ReplicaManager:
                 partition.log.update_config(config)
 
     async def stop_replicas(self, topic: TopicState) -> None:
-        """Stop hosting ``topic`` and delete its logs.
+        """Stop hosting ``topic`` and delete its logs."""
+        await self.stop_partitions(
+            [TopicPartition(topic.name, state.partition) for state in topic.partitions], True
+        )
 
-        Its partitions leave the broker here, on the event loop, so no append or fetch reaches
+    async def stop_partitions(self, tps: list[TopicPartition], delete: bool) -> None:
+        """Stop hosting ``tps`` (a deleted topic, or this broker left their replicas), deleting
+        their logs if ``delete``.
+
+        They leave the broker here, on the event loop, so no append, fetch or fetcher reaches
         their logs any more; the files are removed in a worker thread.
         """
-        keys = []
-        for state in topic.partitions:
-            tp = TopicPartition(topic.name, state.partition)
+        if self.fetchers is not None:
+            self.fetchers.remove_partitions(tps)
+        resigned = []
+        for tp in tps:
             self._offline_partitions.discard(tp)
-            self._partitions.pop(tp, None)
+            self._applied.pop(tp, None)
+            partition = self._partitions.pop(tp, None)
+            if partition is not None:
+                if partition.is_leader and self.cluster is not None:
+                    resigned.append(tp)
+                partition.leader_id = -1
+                partition.fail_delayed_produces(ErrorCode.not_leader_or_follower)
             self._wake_fetchers(tp)
-            keys.append((topic.name, state.partition))
-        logs = self.log_manager.unregister_logs(keys)
-        await asyncio.get_running_loop().run_in_executor(None, self.log_manager.delete_logs, logs)
+        for tp in resigned:
+            self._notify_follower(tp)
+        if delete:
+            logs = self.log_manager.unregister_logs([(tp.topic, tp.partition) for tp in tps])
+            await asyncio.get_running_loop().run_in_executor(None, self.log_manager.delete_logs, logs)
+
+    # -- cluster mode: partition states from the control plane ------------------------------------
+
+    def add_leadership_listener(self, listener: LeadershipListener) -> None:
+        self._listeners.append(listener)
+
+    def _notify_leader(self, tp: TopicPartition, leader_epoch: int) -> None:
+        for listener in self._listeners:
+            try:
+                listener.on_become_leader(tp, leader_epoch)
+            except Exception:
+                log.exception("leadership listener failed", extra={"partition": str(tp)})
+
+    def _notify_follower(self, tp: TopicPartition) -> None:
+        for listener in self._listeners:
+            try:
+                listener.on_become_follower(tp)
+            except Exception:
+                log.exception("leadership listener failed", extra={"partition": str(tp)})
+
+    def leader_hint(self, tp: TopicPartition) -> tuple[int, int] | None:
+        """(leader id, leader epoch) as this broker knows them, for KIP-951's NOT_LEADER_OR_FOLLOWER hints."""
+        partition = self._partitions.get(tp)
+        if partition is None or partition.leader_id < 0:
+            return None
+        return partition.leader_id, partition.leader_epoch
+
+    def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        return self.cluster.broker_endpoint(broker_id) if self.cluster is not None else None
+
+    async def apply_partition_state(self, topic: TopicState, state: PartitionState) -> None:
+        """Become leader or follower of ``state``'s partition (Kafka's makeLeaders/makeFollowers);
+        a state not newer than the one applied, by (leader epoch, partition epoch), is ignored."""
+        tp = TopicPartition(topic.name, state.partition)
+        lock = self._state_locks.setdefault(tp, asyncio.Lock())
+        async with lock:
+            applied = self._applied.get(tp)
+            if applied is not None and (state.leader_epoch, state.partition_epoch) <= applied:
+                return
+            if self.node_id not in state.replicas:
+                log.debug(
+                    "ignoring the state of a partition this broker holds no replica of",
+                    extra={"partition": str(tp)},
+                )
+                return
+            self._topic_ids[topic.name] = topic.topic_id
+            partition = self._partitions.get(tp)
+            if partition is None:
+                partition = await self._host(topic, state)
+                if partition is None:
+                    return
+            self._applied[tp] = (state.leader_epoch, state.partition_epoch)
+            if state.leader == self.node_id:
+                await self._become_leader(partition, state)
+            else:
+                self._become_follower(partition, state)
+
+    async def _host(self, topic: TopicState, state: PartitionState) -> Partition | None:
+        """Open (creating it off the loop if missing) the log of a replica assigned here."""
+        tp = TopicPartition(topic.name, state.partition)
+        if tp in self._offline_partitions:
+            return None
+        loop = asyncio.get_running_loop()
+        try:
+            log_ = self.log_manager.get_log(topic.name, state.partition)
+            if log_ is None:
+                (log_dir,) = self.log_manager.assign_log_dirs(1)
+                spec = NewLog(
+                    log_dir, topic.name, state.partition, self._config_for(topic), topic.topic_id, -1
+                )
+                (log_,) = await loop.run_in_executor(None, self.log_manager.open_new_logs, [spec])
+                self.log_manager.register_logs([log_])
+        except KafkaStorageError as exc:
+            log.warning("partition %s is offline: %s", tp, exc)
+            self._offline_partitions.add(tp)
+            return None
+        if self._checkpointed_high_watermarks is None:
+            self._checkpointed_high_watermarks = await loop.run_in_executor(
+                None, self.log_manager.read_high_watermarks
+            )
+        partition = Partition(
+            tp,
+            log_,
+            -1,
+            [],
+            local_id=self.node_id,
+            replicated=self.cluster is not None,
+            high_watermark=self._checkpointed_high_watermarks.get((tp.topic, tp.partition), 0),
+        )
+        self._partitions[tp] = partition
+        return partition
+
+    async def _become_leader(self, partition: Partition, state: PartitionState) -> None:
+        tp = partition.tp
+        if partition.is_leader and partition.leader_epoch == state.leader_epoch:
+            # The same epoch with a newer partition epoch: an ISR change (ours, or the controller's).
+            if partition.make_leader(state, self._time_ms()):
+                self._wake_fetchers(tp)
+            return
+        if self.fetchers is not None:
+            self.fetchers.remove_partitions([tp])
+        # No append until the new epoch is recorded, so none lands under the old one meanwhile.
+        # Produces waiting from an earlier epoch of ours keep waiting: the records stay ours and
+        # commit once the followers fetch in the new epoch.
+        partition.leader_id = -1
+        cache = partition.log.leader_epoch_cache
+        if cache.latest_epoch is None or cache.latest_epoch < state.leader_epoch:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, cache.assign, state.leader_epoch, partition.log.log_end_offset
+                )
+            except OSError as e:
+                partition.log.log_dir_failed("recording the leader epoch", e)
+                partition.fail_delayed_produces(ErrorCode.kafka_storage_error)
+                return
+        if (
+            self._partitions.get(tp) is not partition
+            or self._applied.get(tp, (-1, -1))[0] != state.leader_epoch
+        ):
+            return  # stopped, or a newer state took over while the epoch was written
+        partition.make_leader(state, self._time_ms())
+        self._wake_fetchers(tp)
+        log.info(
+            "became leader",
+            extra={"partition": str(tp), "leader_epoch": state.leader_epoch, "isr": state.isr},
+        )
+        self._notify_leader(tp, state.leader_epoch)
+
+    def _become_follower(self, partition: Partition, state: PartitionState) -> None:
+        tp = partition.tp
+        new_leadership = (
+            partition.is_leader
+            or partition.leader_id != state.leader
+            or partition.leader_epoch != state.leader_epoch
+        )
+        partition.make_follower(state)
+        self._wake_fetchers(tp)  # consumers waiting on it are answered NOT_LEADER_OR_FOLLOWER
+        if not new_leadership:
+            return
+        if self.fetchers is not None:
+            self.fetchers.remove_partitions([tp])
+            if state.leader >= 0:
+                self.fetchers.add_partition(tp, self._topic_ids[tp.topic], state.leader, state.leader_epoch)
+        log.info(
+            "became follower",
+            extra={"partition": str(tp), "leader": state.leader, "leader_epoch": state.leader_epoch},
+        )
+        self._notify_follower(tp)
+
+    def topic_id(self, topic: str) -> uuid.UUID | None:
+        return self._topic_ids.get(topic)
+
+    # -- cluster mode: ISR changes ----------------------------------------------------------------
+
+    def _maybe_alter_isr(self, partition: Partition, new_isr: list[int] | None) -> None:
+        """Propose ``new_isr`` through the cluster link (one change in flight per partition)."""
+        if new_isr is None or self.cluster is None or partition.pending_isr is not None:
+            return
+        proposed = PartitionState(
+            partition=partition.tp.partition,
+            leader=self.node_id,
+            leader_epoch=partition.leader_epoch,
+            replicas=list(partition.replicas),
+            isr=new_isr,
+            partition_epoch=partition.partition_epoch,
+        )
+        partition.pending_isr = new_isr
+        task = asyncio.get_running_loop().create_task(self._alter_partition(partition, proposed))
+        self._alter_tasks.add(task)
+        task.add_done_callback(self._alter_tasks.discard)
+
+    async def _alter_partition(self, partition: Partition, proposed: PartitionState) -> None:
+        assert self.cluster is not None
+        tp = partition.tp
+        try:
+            written = await self.cluster.alter_partition(tp.topic, proposed)
+        except Exception as e:
+            log.warning(
+                "ISR change failed", extra={"partition": str(tp), "isr": proposed.isr, "error": str(e)}
+            )
+            written = None
+        if (
+            self._partitions.get(tp) is not partition
+            or not partition.is_leader
+            or partition.leader_epoch != proposed.leader_epoch
+        ):
+            return
+        key = (written.leader_epoch, written.partition_epoch) if written is not None else None
+        if (
+            written is None
+            or key is None
+            or key <= self._applied.get(tp, (-1, -1))
+            or written.leader != self.node_id
+        ):
+            # Refused (a newer state is on its way) or already applied from the watch.
+            partition.pending_isr = None
+            return
+        self._applied[tp] = key
+        log.info(
+            "ISR changed",
+            extra={"partition": str(tp), "isr": written.isr, "partition_epoch": written.partition_epoch},
+        )
+        if partition.commit_isr(written):
+            self._wake_fetchers(tp)
+
+    def _shrink_isrs(self) -> None:
+        now = self._time_ms()
+        lag_max = self.replication.replica_lag_time_max_ms
+        for partition in list(self._partitions.values()):
+            if partition.is_leader and not partition.offline:
+                self._maybe_alter_isr(partition, partition.isr_shrink(now, lag_max))
+
+    # -- cluster mode: lifecycle and high watermark checkpoints -----------------------------------
+
+    async def start(self) -> None:
+        """Start the ISR-shrink and HW-checkpoint schedulers (cluster mode; nothing on a single node)."""
+        if self.cluster is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._background = [
+            loop.create_task(self._every(self.replication.replica_lag_time_max_ms / 2, self._shrink_isrs)),
+            loop.create_task(
+                self._every(
+                    self.replication.replica_high_watermark_checkpoint_interval_ms,
+                    self.checkpoint_high_watermarks,
+                )
+            ),
+        ]
+
+    async def _every(self, interval_ms: float, job: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                outcome = job()
+                if asyncio.iscoroutine(outcome):
+                    await outcome
+            except Exception:
+                log.exception("replication job failed", extra={"job": getattr(job, "__name__", "?")})
+
+    async def checkpoint_high_watermarks(self) -> None:
+        """Write ``replication-offset-checkpoint`` in every log dir (the file work off the loop)."""
+        high_watermarks = {
+            (tp.topic, tp.partition): partition.high_watermark
+            for tp, partition in self._partitions.items()
+            if not partition.offline
+        }
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.log_manager.checkpoint_high_watermarks, high_watermarks
+        )
+
+    async def shutdown(self) -> None:
+        """Stop fetchers and schedulers, fail waiting produces, and checkpoint the high watermarks
+        (before the log manager closes the logs)."""
+        if self.cluster is None:
+            return
+        for task in [*self._background, *self._alter_tasks]:
+            task.cancel()
+        for task in [*self._background, *self._alter_tasks]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._background = []
+        if self.fetchers is not None:
+            await self.fetchers.shutdown()
+        for partition in self._partitions.values():
+            partition.fail_delayed_produces(ErrorCode.not_leader_or_follower)
+        self.wake_all_fetchers()
+        try:
+            await self.checkpoint_high_watermarks()
+        except (OSError, StorageError) as e:
+            log.error("could not checkpoint high watermarks at shutdown", extra={"error": str(e)})
 
     def partition(self, tp: TopicPartition) -> Partition | None:
         return self._partitions.get(tp)
@@ -196,7 +541,7 @@ class ReplicaManager:
                 info = partition.append_records_to_leader(
                     records, required_acks, validated.get(tp) if validated is not None else None
                 )
-            except (StorageError, NotEnoughReplicasError) as exc:
+            except (StorageError, NotEnoughReplicasError) as exc:  # NotLeaderOrFollowerError too
                 results[tp] = ProduceResult(
                     error_code_of(exc),
                     log_start_offset=partition.log_start_offset,
@@ -206,20 +551,25 @@ class ReplicaManager:
                 continue
             results[tp] = ProduceResult(
                 base_offset=info.first_offset,
+                last_offset=info.last_offset,
                 log_append_time=info.log_append_time,
                 log_start_offset=info.log_start_offset,
             )
             if not info.duplicate:
                 self._wake_fetchers(tp)
-        # acks=-1 would wait here (a delayed produce) until the HW passes each last offset;
-        # with ISR = {leader} the HW moved with the append itself.
+        # On a single node the HW moved with the append itself; in a cluster acks=-1 waits in
+        # ``append`` (a delayed produce) until the HW passes each last offset.
         return results
 
     async def append(
-        self, required_acks: int, entries: list[tuple[TopicPartition, bytes | None]]
+        self,
+        required_acks: int,
+        entries: list[tuple[TopicPartition, bytes | None]],
+        timeout_ms: int | None = None,
     ) -> dict[TopicPartition, ProduceResult]:
         """``append_records_async``, then the fsyncs that flush.messages asks for, off the event
-        loop, before the caller acknowledges (a failed fsync answers KAFKA_STORAGE_ERROR)."""
+        loop, before the caller acknowledges (a failed fsync answers KAFKA_STORAGE_ERROR); then,
+        for acks=-1 in a cluster, the wait for the ISR (``timeout_ms``: the request's timeout)."""
         results = await self.append_records_async(required_acks, entries)
         due = [
             (tp, partition)
@@ -238,30 +588,83 @@ class ReplicaManager:
                 if isinstance(outcome, BaseException):
                     log.error("flush failed", extra={"partition": str(tp), "error": str(outcome)})
                     results[tp] = ProduceResult(ErrorCode.kafka_storage_error, error_message=str(outcome))
+        if required_acks == -1 and self.cluster is not None:
+            await self._await_replication(results, timeout_ms)
         return results
+
+    async def _await_replication(
+        self, results: dict[TopicPartition, ProduceResult], timeout_ms: int | None
+    ) -> None:
+        """Kafka's DelayedProduce: wait until each appended partition's HW passes its last offset."""
+        waits: dict[TopicPartition, asyncio.Future[ErrorCode]] = {}
+        for tp, result in results.items():
+            if result.error != ErrorCode.none:
+                continue
+            partition = self._partitions.get(tp)
+            if partition is None:
+                result.error = ErrorCode.not_leader_or_follower
+                continue
+            waits[tp] = partition.wait_for_high_watermark(result.last_offset + 1)
+        pending = [future for future in waits.values() if not future.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=None if timeout_ms is None else max(0, timeout_ms) / 1000)
+        for tp, future in waits.items():
+            if future.done():
+                error = future.result()
+            else:
+                future.cancel()  # the partition drops cancelled waiters
+                error = ErrorCode.request_timed_out
+            if error != ErrorCode.none:
+                results[tp].error = error
 
     # -- fetch --------------------------------------------------------------------------------
 
     def read_from_local_log(
-        self, requests: list[FetchRequestPartition], max_bytes: int
+        self,
+        requests: list[FetchRequestPartition],
+        max_bytes: int,
+        replica_id: int = -1,
+        record_follower_state: bool = False,
     ) -> tuple[dict[TopicPartition, FetchResult], int]:
+        """Consumers (``replica_id`` < 0) read below the HW of partitions led here; a follower
+        reads up to the LEO and, with ``record_follower_state``, its fetch offset counts as its LEO."""
         results: dict[TopicPartition, FetchResult] = {}
         remaining = max_bytes
         total = 0
+        now = self._time_ms()
         for request in requests:
             partition = self._partitions.get(request.tp)
             if partition is None:
                 results[request.tp] = FetchResult(self._missing_partition_error(request.tp))
                 continue
-            result = FetchResult(
-                high_watermark=partition.high_watermark,
-                last_stable_offset=partition.last_stable_offset,
-                log_start_offset=partition.log_start_offset,
-            )
+            if not partition.is_leader:
+                results[request.tp] = FetchResult(ErrorCode.not_leader_or_follower)
+                continue
+            # On a single node there are no followers: a replica id is read as a consumer, as before.
+            follower = replica_id >= 0 and partition.replicated
+            if follower and replica_id not in partition.followers:
+                # As Kafka: the leader records no position for a broker outside the replica set.
+                results[request.tp] = FetchResult(ErrorCode.not_leader_or_follower)
+                continue
+            if follower:
+                diverging = partition.diverging_epoch(request.fetch_offset, request.last_fetched_epoch)
+                if diverging is not None:
+                    results[request.tp] = FetchResult(
+                        high_watermark=partition.high_watermark,
+                        last_stable_offset=partition.last_stable_offset,
+                        log_start_offset=partition.log_start_offset,
+                        diverging_epoch=diverging,
+                    )
+                    continue
+            leader_log_end = partition.log_end_offset
+            result = FetchResult()
             try:
                 # The first partition with data gets at least one batch, even above the limits.
                 data = partition.read_records(
-                    request.fetch_offset, min(request.max_bytes, remaining), min_one_batch=total == 0
+                    request.fetch_offset,
+                    min(request.max_bytes, remaining),
+                    min_one_batch=total == 0,
+                    up_to_log_end=follower,
                 )
             except StorageError as exc:
                 result.error = error_code_of(exc)
@@ -269,8 +672,27 @@ class ReplicaManager:
                 result.records = data.records
                 total += len(data.records)
                 remaining = max(0, remaining - len(data.records))
+                if follower and record_follower_state:
+                    self._record_follower_fetch(partition, replica_id, request, now, leader_log_end)
+            result.high_watermark = partition.high_watermark
+            result.last_stable_offset = partition.last_stable_offset
+            result.log_start_offset = partition.log_start_offset
             results[request.tp] = result
         return results, total
+
+    def _record_follower_fetch(
+        self,
+        partition: Partition,
+        replica_id: int,
+        request: FetchRequestPartition,
+        now: int,
+        leader_log_end: int,
+    ) -> None:
+        if partition.update_follower_fetch_state(
+            replica_id, request.fetch_offset, request.log_start_offset, now, leader_log_end
+        ):
+            self._wake_fetchers(partition.tp)  # consumers waiting at the old HW
+        self._maybe_alter_isr(partition, partition.isr_expansion(replica_id))
 
     async def fetch_messages(
         self,
@@ -278,12 +700,16 @@ class ReplicaManager:
         max_wait_ms: int,
         min_bytes: int,
         max_bytes: int,
+        replica_id: int = -1,
     ) -> dict[TopicPartition, FetchResult]:
         deadline = time.monotonic() + max_wait_ms / 1000
+        first = True
         while True:
-            results, total = self.read_from_local_log(requests, max_bytes)
+            # A follower's position is recorded once per request, at its first read, as Kafka does.
+            results, total = self.read_from_local_log(requests, max_bytes, replica_id, first)
+            first = False
             remaining = deadline - time.monotonic()
-            errors = any(r.error != ErrorCode.none for r in results.values())
+            errors = any(r.error != ErrorCode.none or r.diverging_epoch is not None for r in results.values())
             if total >= min_bytes or errors or remaining <= 0 or not requests:
                 return results
             await self._await_append([r.tp for r in requests], remaining)

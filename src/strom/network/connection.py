@@ -78,14 +78,27 @@ class BrokerConnection(asyncio.Protocol):
 
     @classmethod
     async def open(
-        cls, host: str, port: int, *, client_id: str | None, timeout: float, software_version: str = ""
+        cls,
+        host: str,
+        port: int,
+        *,
+        client_id: str | None,
+        timeout: float,
+        software_version: str = "",
+        local_host: str | None = None,
     ) -> BrokerConnection:
-        """Connect and negotiate API versions; raises KafkaConnectionError on failure."""
+        """Connect and negotiate API versions; raises KafkaConnectionError on failure.
+
+        ``local_host``: the address to connect from (a broker's replica fetcher binds its own
+        listener's address, so each broker on its own loopback address talks from it)."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
                 _transport, connection = await loop.create_connection(
-                    lambda: cls(host, port, client_id), host, port
+                    lambda: cls(host, port, client_id),
+                    host,
+                    port,
+                    local_addr=(local_host, 0) if local_host else None,
                 )
                 await connection._negotiate_versions(software_version, timeout)
         except (OSError, TimeoutError, ProtocolError) as exc:

@@ -17,6 +17,8 @@ from strom.storage.errors import KafkaStorageError
 CHECKPOINT_VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+# High watermarks of a log dir's partitions (a replicated broker's; read at startup).
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PARTITION_METADATA = "partition.metadata"
 
@@ -80,7 +82,8 @@ def _read_lines(path: Path, fields: int) -> list[list[str]]:
 
 
 class OffsetCheckpointFile:
-    """``recovery-point-offset-checkpoint`` / ``log-start-offset-checkpoint``: ``topic partition offset``."""
+    """``recovery-point-offset-checkpoint`` / ``log-start-offset-checkpoint`` /
+    ``replication-offset-checkpoint``: ``topic partition offset``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -145,6 +145,12 @@ class LeaderEpochFileCache:
             del self._entries[keep:]
             self._dirty = True
 
+    def clear(self) -> None:
+        """Forget every epoch (the log restarted empty at a new offset); written by ``flush``."""
+        if self._entries:
+            self._entries = []
+            self._dirty = True
+
     def truncate_from_start(self, start_offset: int) -> None:
         """Forget epochs wholly below ``start_offset``; the one containing it now starts there."""
         slot = bisect.bisect_right(self._entries, start_offset, key=lambda entry: entry[1])

@@ -499,6 +499,72 @@ class Log:
         return LogAppendInfo(first_offset, last_offset, log_append_time, self.log_start_offset, record_count)
 
     @_log_dir_io
+    def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo | None:
+        """Append batches fetched from the partition's leader, keeping their offsets and leader epochs.
+
+        The leader validated every record; a follower checks structure only, as Kafka's
+        appendAsFollower does: batch framing, sizes and CRCs, and offsets contiguous from the log
+        end. A trailing partial batch (a fetch response cut at its size limit) is left for the next
+        fetch. Returns None when ``records`` holds no whole batch. Raises CorruptRecordError for a
+        damaged batch and OffsetOutOfRangeError when the first offset is not the log end.
+        """
+        self._check_open()
+        view = memoryview(records)
+        headers: list[rb.BatchHeader] = []
+        expected = first_offset = self.log_end_offset
+        position = 0
+        try:
+            while len(view) - position >= rb.HEADER_SIZE:
+                header = rb.read_header(view, position)
+                if position + header.size > len(view):
+                    break  # partial last batch
+                if not rb.is_crc_valid(view, header):
+                    raise CorruptRecordError(
+                        f"record batch at offset {header.base_offset} from the leader is corrupt "
+                        f"(stored crc = {header.crc})"
+                    )
+                if header.last_offset_delta < 0:
+                    raise CorruptRecordError(
+                        f"record batch at {header.base_offset} has a negative offset delta"
+                    )
+                if header.base_offset != expected:
+                    raise OffsetOutOfRangeError(
+                        f"{self.topic}-{self.partition}: the leader's batch starts at offset "
+                        f"{header.base_offset}, the log expects {expected}"
+                    )
+                headers.append(header)
+                expected = header.next_offset
+                position += header.size
+        except rb.InvalidBatchError as e:
+            raise CorruptRecordError(f"malformed record batch from the leader: {e}") from e
+        if not headers:
+            return None
+        data = view[:position]
+        max_timestamp = max(header.max_timestamp for header in headers)
+        last_offset = expected - 1
+        segment = self.active_segment
+        now = self._time_ms()
+        config = self.config
+        if segment.should_roll(
+            config.segment_bytes, config.segment_ms, len(data), max_timestamp, last_offset, now
+        ):
+            segment = self.roll()
+        cache = self.leader_epoch_cache
+        for header in headers:
+            latest = cache.latest_epoch
+            epoch = header.partition_leader_epoch
+            if epoch >= 0 and (latest is None or epoch > latest):
+                # The follower's epoch cache mirrors the leader's: epochs start where their batches do.
+                cache.assign(epoch, header.base_offset)
+        segment.append(data, headers)
+        state = self.producer_state
+        for header in headers:
+            # Producer state as on the leader, so this replica can lead with idempotence intact.
+            state.update(header, header.base_offset, header.max_timestamp)
+        record_count = sum(header.records_count for header in headers)
+        return LogAppendInfo(first_offset, last_offset, rb.NO_TIMESTAMP, self.log_start_offset, record_count)
+
+    @_log_dir_io
     def roll(self) -> LogSegment:
         """Start a new active segment at the log end offset (no-op if the active one is empty)."""
         self._check_open()
@@ -847,6 +913,16 @@ class Log:
             path.unlink(missing_ok=True)
         return len(due)
 
+    @_log_dir_io
+    def follow_log_start_offset(self, leader_log_start_offset: int, high_watermark: int) -> None:
+        """A follower's log start offset follows its leader's (which DeleteRecords or retention
+        moved), up to its own high watermark; the segments below it go."""
+        self._check_open()
+        offset = min(leader_log_start_offset, high_watermark, self.log_end_offset)
+        if offset > self.log_start_offset:
+            self._increment_log_start_offset(offset, persist=True)
+            self._delete_segments(self._deletable_below_log_start())
+
     def _increment_log_start_offset(self, offset: int, persist: bool = False) -> None:
         """``persist``: tell the listener (DeleteRecords); a start at a segment base is implied by the files."""
         self.log_start_offset = offset
@@ -863,7 +939,7 @@ class Log:
         if offset >= self.log_end_offset:
             return False
         if offset < self._segments[0].base_offset:
-            self._truncate_fully_and_start_at(offset)
+            self.truncate_fully_and_start_at(offset)
             return True
         keep = self._floor_segment_index(offset)
         with self._lock:
@@ -876,7 +952,11 @@ class Log:
         self._after_truncation()
         return True
 
-    def _truncate_fully_and_start_at(self, offset: int) -> None:
+    @_log_dir_io
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop the whole log and restart it empty at ``offset`` (a follower far behind its leader's
+        log start offset)."""
+        self._check_open()
         with self._lock:
             removed = self._segments
             self._segments, self._bases = [], []
@@ -886,6 +966,8 @@ class Log:
         self.log_start_offset = offset
         with self._lock:
             self.recovery_point = offset
+        # Every epoch started below the new start: none describes this log any more.
+        self.leader_epoch_cache.clear()
         self._after_truncation()
 
     def _after_truncation(self) -> None:

@@ -26,6 +26,7 @@ from strom.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     PARTITION_METADATA,
     RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
     PartitionMetadataFile,
     fsync_dir,
@@ -75,7 +76,7 @@ class NewLog:
     partition: int
     config: LogConfig
     topic_id: uuid.UUID | None
-    leader_epoch: int = 0
+    leader_epoch: int = 0  # -1: a follower's log, no epoch of its own
 
 
 class LogDirInUseError(KafkaStorageError):
@@ -316,8 +317,9 @@ class LogManager:
             time_ms=self._time_ms,
             had_clean_shutdown=True,  # a new, empty log: nothing to recover
         )
-        if log_.leader_epoch_cache.latest_epoch is None:
-            # The partition's first epoch, written here rather than on the event loop.
+        if spec.leader_epoch >= 0 and log_.leader_epoch_cache.latest_epoch is None:
+            # The partition's first epoch, written here rather than on the event loop (a follower's
+            # log, leader_epoch -1, learns its epochs from the leader's batches instead).
             log_.leader_epoch_cache.assign(spec.leader_epoch, log_.log_end_offset)
         return log_
 
@@ -433,6 +435,34 @@ class LogManager:
             raise self.log_dir_failure_channel.maybe_add_offline_log_dir(
                 log_dir, "writing checkpoints", e
             ) from e
+
+    def read_high_watermarks(self) -> dict[tuple[str, int], int]:
+        """Every online log dir's ``replication-offset-checkpoint`` (call off the event loop).
+        An unreadable file counts as empty: the high watermarks then start at 0 and followers'
+        fetches, leaders' ISR, move them up again."""
+        high_watermarks: dict[tuple[str, int], int] = {}
+        for log_dir in self.log_dirs:
+            if not self.log_dir_failure_channel.is_offline(log_dir):
+                high_watermarks.update(self._read_checkpoint(log_dir / REPLICATION_OFFSET_CHECKPOINT))
+        return high_watermarks
+
+    def checkpoint_high_watermarks(self, high_watermarks: Mapping[tuple[str, int], int]) -> None:
+        """Write each online log dir's ``replication-offset-checkpoint`` with the high watermarks of
+        the logs it holds (call off the event loop; Kafka's checkpointHighWatermarks)."""
+        by_dir: dict[Path, dict[tuple[str, int], int]] = {d: {} for d in self.log_dirs}
+        for key, high_watermark in high_watermarks.items():
+            log_ = self._logs.get(key)
+            if log_ is not None and log_.dir.parent in by_dir:
+                by_dir[log_.dir.parent][key] = high_watermark
+        for log_dir, entries in by_dir.items():
+            if self.log_dir_failure_channel.is_offline(log_dir):
+                continue
+            try:
+                with self._checkpoint_lock:
+                    OffsetCheckpointFile(log_dir / REPLICATION_OFFSET_CHECKPOINT).write(entries)
+            except OSError as e:
+                # The failure channel takes the dir offline and logs it; the other dirs go on.
+                self.log_dir_failure_channel.maybe_add_offline_log_dir(log_dir, "writing high watermarks", e)
 
     def online_logs(self) -> list[Log]:
         return [log_ for log_ in self._logs.values() if not log_.offline]

@@ -9,9 +9,12 @@ from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
 
+DEBUGGING_REPLICA_ID = -2
+
 
 async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
+    replica_id = getattr(request, "replica_id", DEBUGGING_REPLICA_ID)
     topics = []
     for topic in request.topics:
         partitions = []
@@ -26,6 +29,10 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
                 error = ErrorCode.unknown_topic_or_partition
             elif (epoch_error := partition.leader_epoch_error(current)) is not None:
                 error = epoch_error
+            elif not partition.is_leader and replica_id != DEBUGGING_REPLICA_ID:
+                # Consumers and followers (replica_id >= 0) ask the leader only; before v3 the
+                # request names no replica and counts as debugging, as in Kafka.
+                error = ErrorCode.not_leader_or_follower
             else:
                 epoch, end_offset = partition.log.leader_epoch_cache.end_offset_for(p.leader_epoch)
                 if epoch == partition.leader_epoch:

@@ -15,12 +15,16 @@ MAX_TIMESTAMP = -3
 EARLIEST_LOCAL_TIMESTAMP = -4
 LATEST_TIERED_TIMESTAMP = -5
 READ_COMMITTED = 1
+DEBUGGING_REPLICA_ID = -2
 
 
 async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     replica_manager = ctx.broker.replica_manager
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    # A follower (replica_id >= 0) asks for the leader's LEO as "latest" (Kafka: no isolation);
+    # -2 (debugging) may read a follower; consumers (-1) only the leader.
+    replica_id = getattr(request, "replica_id", -1)
     topics = []
     for topic in request.topics:
         partitions = []
@@ -35,8 +39,13 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                 error = ErrorCode.unknown_topic_or_partition
             elif (epoch_error := partition.leader_epoch_error(current_epoch)) is not None:
                 error = epoch_error
+            elif not partition.is_leader and replica_id != DEBUGGING_REPLICA_ID:
+                error = ErrorCode.not_leader_or_follower
             elif p.timestamp == LATEST_TIMESTAMP:
-                offset = partition.last_stable_offset if read_committed else partition.high_watermark
+                if replica_id >= 0:
+                    offset = partition.log_end_offset
+                else:
+                    offset = partition.last_stable_offset if read_committed else partition.high_watermark
                 latest = partition.log.leader_epoch_cache.latest_epoch
                 epoch = partition.leader_epoch if latest is None else latest
             elif p.timestamp == LATEST_TIERED_TIMESTAMP:

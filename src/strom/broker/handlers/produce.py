@@ -11,11 +11,12 @@ import datetime
 from typing import Any
 
 from strom.broker.dispatcher import RequestContext
+from strom.broker.handlers.fetch import leader_hints, node_endpoints
 from strom.broker.network import CloseConnection
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ProduceResult
 from strom.protocol.errors import ErrorCode
-from strom.protocol.messages import ZERO_UUID, build
+from strom.protocol.messages import ZERO_UUID, build, has_field, to_ms
 
 
 def _append_time(ms: int) -> datetime.datetime | None:
@@ -64,7 +65,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 entries.append((tp, data.records))
         order.append((topic_id or ZERO_UUID if by_id else name, tps))
 
-    results = await broker.replica_manager.append(acks, entries) if entries else {}
+    results = await broker.replica_manager.append(acks, entries, to_ms(request.timeout)) if entries else {}
     results.update(early)
     if acks == 0:
         if any(result.error != ErrorCode.none for result in results.values()):
@@ -72,6 +73,11 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
         return None
 
     r = ctx.response
+    hints = leader_hints(
+        broker.replica_manager,
+        [tp for tp, result in results.items() if result.error == ErrorCode.not_leader_or_follower],
+    )
+    with_hints = has_field(r.PartitionProduceResponse, "current_leader")
     responses = []
     for key, tps in order:
         partitions = []
@@ -90,8 +96,17 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                         for i, m in result.record_errors
                     ),
                     error_message=result.error_message,
+                    **(
+                        {"current_leader": build(r.LeaderIdAndEpoch, leader_id=hint[0], leader_epoch=hint[1])}
+                        if with_hints and (hint := hints.get(tp)) is not None
+                        else {}
+                    ),
                 )
             )
         topic_key = {"topic_id": key} if not isinstance(key, str) else {"name": key}
         responses.append(build(r.TopicProduceResponse, partition_responses=tuple(partitions), **topic_key))
-    return build(r.ProduceResponse, responses=tuple(responses))
+    return build(
+        r.ProduceResponse,
+        responses=tuple(responses),
+        node_endpoints=node_endpoints(r, broker.replica_manager, hints),
+    )

@@ -1,0 +1,473 @@
+"""Followers' replica fetchers (Kafka's ReplicaFetcherThread, one per source broker).
+
+Each fetcher is a task on the broker's event loop with one connection (strom's own
+``BrokerConnection``, bound to the broker's listener address) to the leader of the partitions it
+follows. A partition added in a new leader epoch first truncates (KIP-101/279): OffsetForLeaderEpoch
+for its latest epoch, truncation to the leader's end offset of that epoch, again until the epochs
+agree. Then it fetches with the real Fetch API as replica ``node_id`` (``replica_id`` before v15,
+``replica_state`` from v15), sending its last fetched epoch; a ``diverging_epoch`` answer
+(KIP-320) truncates the log again. Fetched batches are appended with their offsets and leader
+epochs (``Log.append_as_follower``); the follower's HW is the leader's bounded by its own LEO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+import uuid
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from strom.broker.partition import Partition, TopicPartition
+from strom.network.connection import BrokerConnection
+from strom.protocol.apis import ApiKey, request_module
+from strom.protocol.errors import ErrorCode
+from strom.protocol.messages import build
+from strom.storage import StorageError
+
+if TYPE_CHECKING:
+    from strom.broker.config import KafkaConfig
+    from strom.broker.replica_manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+# Fetch v12 brings diverging_epoch (KIP-320), the oldest version a follower uses; v17 is the
+# newest whose fields a follower fills (v15+ carries the replica in replica_state).
+FETCH_MIN_VERSION = 12
+FETCH_MAX_VERSION = 17
+OFFSET_FOR_LEADER_EPOCH_VERSION = (3, 4)  # v3 brings replica_id
+LIST_OFFSETS_VERSION = (1, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationConfig:
+    """The broker's replica.* settings (Kafka's names and defaults)."""
+
+    replica_lag_time_max_ms: int = 30_000
+    replica_fetch_max_bytes: int = 1_048_576
+    replica_fetch_min_bytes: int = 1
+    replica_fetch_wait_max_ms: int = 500
+    replica_fetch_backoff_ms: int = 1_000
+    replica_fetch_response_max_bytes: int = 10_485_760
+    replica_socket_timeout_ms: int = 30_000
+    replica_high_watermark_checkpoint_interval_ms: int = 5_000
+    num_replica_fetchers: int = 1
+    # The address fetchers connect from: the broker's own listener host (None: any).
+    bind_host: str | None = None
+
+    @classmethod
+    def from_kafka_config(cls, config: KafkaConfig) -> ReplicationConfig:
+        hosts = [listener.host for listener in config.client_listeners()]
+        bind_host = hosts[0] if hosts and hosts[0] not in ("", "0.0.0.0", "::") else None
+        return cls(
+            replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+            replica_fetch_max_bytes=config.replica_fetch_max_bytes,
+            replica_fetch_min_bytes=config.replica_fetch_min_bytes,
+            replica_fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
+            replica_fetch_backoff_ms=config.replica_fetch_backoff_ms,
+            replica_fetch_response_max_bytes=config.replica_fetch_response_max_bytes,
+            replica_socket_timeout_ms=config.replica_socket_timeout_ms,
+            replica_high_watermark_checkpoint_interval_ms=config.replica_high_watermark_checkpoint_interval_ms,
+            num_replica_fetchers=config.num_replica_fetchers,
+            bind_host=bind_host,
+        )
+
+
+@dataclass(slots=True)
+class PartitionFetchState:
+    topic_id: uuid.UUID
+    leader_epoch: int
+    # Truncating by OffsetForLeaderEpoch before the first fetch of the epoch.
+    truncating: bool = True
+    # monotonic time before which the partition is not fetched (after an error).
+    delayed_until: float = 0.0
+
+
+def truncation_offset(partition: Partition, leader_epoch: int, leader_end_offset: int) -> tuple[int, bool]:
+    """Where a follower truncates given the leader's (epoch, end offset) for the follower's latest
+    epoch (Kafka's getOffsetTruncationState); the bool says whether the epochs now agree."""
+    log_end = partition.log_end_offset
+    if leader_end_offset < 0:
+        # The leader knows no such epoch: keep what is committed.
+        return min(partition.high_watermark, log_end), True
+    if leader_epoch < 0:
+        return min(leader_end_offset, log_end), True
+    epoch, end_offset = partition.log.leader_epoch_cache.end_offset_for(leader_epoch, log_end)
+    if epoch < 0:
+        return min(leader_end_offset, log_end), True
+    if epoch != leader_epoch:
+        # We have no entry for the leader's epoch: cut ours back to it and ask again.
+        return min(end_offset, log_end), False
+    return min(leader_end_offset, end_offset, log_end), True
+
+
+class ReplicaFetcher:
+    """Fetches every partition this broker follows from one leader broker."""
+
+    def __init__(self, manager: ReplicaFetcherManager, leader_id: int) -> None:
+        self._manager = manager
+        self.leader_id = leader_id
+        self.partitions: dict[TopicPartition, PartitionFetchState] = {}
+        self._changed = asyncio.Event()
+        self._connection: BrokerConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"replica-fetcher-{self.leader_id}"
+        )
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    @property
+    def _replica_manager(self) -> ReplicaManager:
+        return self._manager.replica_manager
+
+    async def _run(self) -> None:
+        config = self._manager.config
+        while True:
+            try:
+                await self._do_work()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                # Connection loss, timeouts, a leader gone: back off, reconnect, go on.
+                log.warning(
+                    "replica fetcher failed; retrying",
+                    extra={"leader": self.leader_id, "error": f"{type(e).__name__}: {e}"},
+                )
+                self._disconnect()
+                await asyncio.sleep(config.replica_fetch_backoff_ms / 1000)
+
+    async def _do_work(self) -> None:
+        now = time.monotonic()
+        ready = {tp: state for tp, state in self.partitions.items() if state.delayed_until <= now}
+        if not ready:
+            self._changed.clear()
+            delays = [state.delayed_until - now for state in self.partitions.values()]
+            try:
+                async with asyncio.timeout(min(delays) if delays else None):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+            return
+        connection = await self._connect()
+        truncating = {tp: state for tp, state in ready.items() if state.truncating}
+        if truncating:
+            await self._truncate(connection, truncating)
+        else:
+            await self._fetch(connection, ready)
+
+    async def _connect(self) -> BrokerConnection:
+        endpoint = self._replica_manager.broker_endpoint(self.leader_id)
+        if endpoint is None:
+            raise ConnectionError(f"broker {self.leader_id} is not registered")
+        connection = self._connection
+        if connection is not None and connection.is_open and (connection.host, connection.port) == endpoint:
+            return connection
+        self._disconnect()
+        config = self._manager.config
+        self._connection = await BrokerConnection.open(
+            endpoint[0],
+            endpoint[1],
+            client_id=f"broker-{self._replica_manager.node_id}-fetcher-{self.leader_id}",
+            timeout=config.replica_socket_timeout_ms / 1000,
+            local_host=config.bind_host,
+        )
+        return self._connection
+
+    def _current(self, tp: TopicPartition, state: PartitionFetchState) -> Partition | None:
+        """The follower partition if ``state`` is still how this fetcher follows it."""
+        if self.partitions.get(tp) is not state:
+            return None
+        partition = self._replica_manager.partition(tp)
+        if partition is None or partition.is_leader or partition.offline:
+            return None
+        return partition
+
+    def _delay(self, tp: TopicPartition, state: PartitionFetchState) -> None:
+        state.delayed_until = time.monotonic() + self._manager.config.replica_fetch_backoff_ms / 1000
+
+    # -- truncation (KIP-101/279) ---------------------------------------------------------------
+
+    async def _truncate(
+        self, connection: BrokerConnection, states: dict[TopicPartition, PartitionFetchState]
+    ) -> None:
+        asked: dict[TopicPartition, PartitionFetchState] = {}
+        by_topic: dict[str, list[Any]] = defaultdict(list)
+        low, high = OFFSET_FOR_LEADER_EPOCH_VERSION
+        version = connection.version(ApiKey.OFFSET_FOR_LEADER_EPOCH, high, low)
+        module = request_module(ApiKey.OFFSET_FOR_LEADER_EPOCH, version)
+        for tp, state in states.items():
+            partition = self._current(tp, state)
+            if partition is None:
+                continue
+            latest = partition.log.leader_epoch_cache.latest_epoch
+            if latest is None:
+                # No epochs (an empty log, or one older than epochs): keep what is committed.
+                partition.truncate_to(partition.high_watermark)
+                state.truncating = False
+                continue
+            asked[tp] = state
+            by_topic[tp.topic].append(
+                build(
+                    module.OffsetForLeaderPartition,
+                    partition=tp.partition,
+                    current_leader_epoch=state.leader_epoch,
+                    leader_epoch=latest,
+                )
+            )
+        if not by_topic:
+            return
+        request = build(
+            module.OffsetForLeaderEpochRequest,
+            replica_id=self._replica_manager.node_id,
+            topics=tuple(
+                build(module.OffsetForLeaderTopic, topic=topic, partitions=tuple(parts))
+                for topic, parts in by_topic.items()
+            ),
+        )
+        response = await connection.send(
+            request, timeout=self._manager.config.replica_socket_timeout_ms / 1000
+        )
+        for topic in response.topics:
+            for answer in topic.partitions:
+                tp = TopicPartition(topic.topic, answer.partition)
+                asked_state = asked.get(tp)
+                if asked_state is None:
+                    continue
+                state = asked_state
+                partition = self._current(tp, state)
+                if partition is None:
+                    continue
+                if answer.error_code != ErrorCode.none:
+                    log.info(
+                        "OffsetForLeaderEpoch failed; retrying",
+                        extra={"partition": str(tp), "error": ErrorCode(answer.error_code).name},
+                    )
+                    self._delay(tp, state)
+                    continue
+                offset, done = truncation_offset(partition, answer.leader_epoch, answer.end_offset)
+                self._truncate_partition(partition, offset)
+                state.truncating = not done
+
+    def _truncate_partition(self, partition: Partition, offset: int) -> None:
+        if offset < partition.log_end_offset:
+            log.info(
+                "truncating follower log",
+                extra={"partition": str(partition.tp), "from": partition.log_end_offset, "to": offset},
+            )
+            partition.truncate_to(offset)
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    async def _fetch(
+        self, connection: BrokerConnection, states: dict[TopicPartition, PartitionFetchState]
+    ) -> None:
+        config = self._manager.config
+        node_id = self._replica_manager.node_id
+        version = connection.version(ApiKey.FETCH, FETCH_MAX_VERSION, FETCH_MIN_VERSION)
+        module = request_module(ApiKey.FETCH, version)
+        by_id = version >= 13
+        sent: dict[TopicPartition, tuple[PartitionFetchState, int]] = {}
+        by_topic: dict[tuple[str, uuid.UUID], list[Any]] = defaultdict(list)
+        for tp, state in states.items():
+            partition = self._current(tp, state)
+            if partition is None:
+                continue
+            fetch_offset = partition.log_end_offset
+            latest = partition.log.leader_epoch_cache.latest_epoch
+            sent[tp] = (state, fetch_offset)
+            by_topic[(tp.topic, state.topic_id)].append(
+                build(
+                    module.FetchPartition,
+                    partition=tp.partition,
+                    current_leader_epoch=state.leader_epoch,
+                    fetch_offset=fetch_offset,
+                    last_fetched_epoch=-1 if latest is None else latest,
+                    log_start_offset=partition.log_start_offset,
+                    partition_max_bytes=config.replica_fetch_max_bytes,
+                )
+            )
+        if not sent:
+            return
+        names = {topic_id: name for name, topic_id in by_topic}
+        topics = tuple(
+            build(module.FetchTopic, topic=name, topic_id=topic_id, partitions=tuple(parts))
+            for (name, topic_id), parts in by_topic.items()
+        )
+        fields: dict[str, Any] = {"replica_id": node_id}
+        if version >= 15:
+            fields = {"replica_state": module.ReplicaState(replica_id=node_id, replica_epoch=-1)}
+        request = build(
+            module.FetchRequest,
+            max_wait=datetime.timedelta(milliseconds=config.replica_fetch_wait_max_ms),
+            min_bytes=config.replica_fetch_min_bytes,
+            max_bytes=config.replica_fetch_response_max_bytes,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=topics,
+            forgotten_topics_data=(),
+            rack_id="",
+            **fields,
+        )
+        timeout = (config.replica_socket_timeout_ms + config.replica_fetch_wait_max_ms) / 1000
+        response = await connection.send(request, timeout=timeout)
+        if response.error_code != ErrorCode.none:
+            raise ConnectionError(
+                f"fetch from broker {self.leader_id} failed: {ErrorCode(response.error_code).name}"
+            )
+        out_of_range: list[tuple[TopicPartition, PartitionFetchState]] = []
+        for topic in response.responses:
+            name = names.get(topic.topic_id) if by_id else topic.topic
+            if name is None:
+                continue
+            for data in topic.partitions:
+                tp = TopicPartition(name, data.partition_index)
+                entry = sent.get(tp)
+                if entry is None:
+                    continue
+                state, fetch_offset = entry
+                partition = self._current(tp, state)
+                if partition is None or partition.log_end_offset != fetch_offset:
+                    continue  # removed, re-added or truncated since the request
+                error = ErrorCode(data.error_code)
+                if error == ErrorCode.none:
+                    self._process(partition, state, data)
+                elif error == ErrorCode.offset_out_of_range:
+                    out_of_range.append((tp, state))
+                else:
+                    # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, ...: the leader's
+                    # view differs from ours; a new partition state will come.
+                    log.info(
+                        "replica fetch error; retrying", extra={"partition": str(tp), "error": error.name}
+                    )
+                    self._delay(tp, state)
+        for tp, state in out_of_range:
+            await self._handle_out_of_range(connection, tp, state)
+
+    def _process(self, partition: Partition, state: PartitionFetchState, data: Any) -> None:
+        tp = partition.tp
+        diverging = getattr(data, "diverging_epoch", None)
+        if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
+            offset, _ = truncation_offset(partition, diverging.epoch, diverging.end_offset)
+            self._truncate_partition(partition, offset)
+            return
+        try:
+            if data.records:
+                partition.append_records_as_follower(data.records)
+            partition.update_follower_high_watermark(data.high_watermark)
+            partition.log.follow_log_start_offset(data.log_start_offset, partition.high_watermark)
+        except StorageError as e:
+            log.error("follower append failed", extra={"partition": str(tp), "error": str(e)})
+            self._delay(tp, state)
+
+    async def _handle_out_of_range(
+        self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState
+    ) -> None:
+        """The follower's LEO is outside the leader's log (Kafka's handleOutOfRangeError): above the
+        leader's LEO, truncate to it; below the leader's log start, restart the log there."""
+        leader_end = await self._leader_offset(connection, tp, state, LATEST_TIMESTAMP)
+        leader_start = await self._leader_offset(connection, tp, state, EARLIEST_TIMESTAMP)
+        partition = self._current(tp, state)
+        if partition is None or leader_end is None or leader_start is None:
+            self._delay(tp, state)
+            return
+        if leader_end < partition.log_end_offset:
+            self._truncate_partition(partition, leader_end)
+        elif partition.log_end_offset < leader_start:
+            log.info(
+                "follower behind the leader's log start: restarting its log there",
+                extra={"partition": str(tp), "log_end_offset": partition.log_end_offset, "to": leader_start},
+            )
+            partition.log.truncate_fully_and_start_at(leader_start)
+            partition.high_watermark = leader_start
+
+    async def _leader_offset(
+        self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState, timestamp: int
+    ) -> int | None:
+        version = connection.version(ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION[1], LIST_OFFSETS_VERSION[0])
+        module = request_module(ApiKey.LIST_OFFSETS, version)
+        request = build(
+            module.ListOffsetsRequest,
+            replica_id=self._replica_manager.node_id,
+            isolation_level=0,
+            topics=(
+                build(
+                    module.ListOffsetsTopic,
+                    name=tp.topic,
+                    partitions=(
+                        build(
+                            module.ListOffsetsPartition,
+                            partition_index=tp.partition,
+                            current_leader_epoch=state.leader_epoch,
+                            timestamp=timestamp,
+                            max_num_offsets=1,
+                        ),
+                    ),
+                ),
+            ),
+        )
+        response = await connection.send(
+            request, timeout=self._manager.config.replica_socket_timeout_ms / 1000
+        )
+        for topic in response.topics:
+            for answer in topic.partitions:
+                if answer.error_code == ErrorCode.none:
+                    return int(answer.offset)
+        return None
+
+
+class ReplicaFetcherManager:
+    """The fetchers of one broker: num.replica.fetchers per leader it follows, each partition
+    with the one its topic and partition hash to (Kafka's getFetcherId)."""
+
+    def __init__(self, replica_manager: ReplicaManager, config: ReplicationConfig) -> None:
+        self.replica_manager = replica_manager
+        self.config = config
+        self._fetchers: dict[tuple[int, int], ReplicaFetcher] = {}
+
+    def add_partition(
+        self, tp: TopicPartition, topic_id: uuid.UUID, leader_id: int, leader_epoch: int
+    ) -> None:
+        """Follow ``tp`` from ``leader_id`` in ``leader_epoch``, truncating first."""
+        self.remove_partitions([tp])
+        # A stable hash (Python's str hash differs between processes).
+        spread = zlib.crc32(tp.topic.encode()) * 31 + tp.partition
+        key = (leader_id, spread % max(1, self.config.num_replica_fetchers))
+        fetcher = self._fetchers.get(key)
+        if fetcher is None:
+            fetcher = self._fetchers[key] = ReplicaFetcher(self, leader_id)
+            fetcher.start()
+        fetcher.partitions[tp] = PartitionFetchState(topic_id, leader_epoch)
+        fetcher.wake()
+
+    def remove_partitions(self, tps: list[TopicPartition]) -> None:
+        for fetcher in self._fetchers.values():
+            for tp in tps:
+                fetcher.partitions.pop(tp, None)
+
+    async def shutdown(self) -> None:
+        fetchers, self._fetchers = self._fetchers, {}
+        await asyncio.gather(*(fetcher.stop() for fetcher in fetchers.values()))
