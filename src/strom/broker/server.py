@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import resource
 import socket
@@ -47,7 +46,7 @@ from strom.broker.dynamic_config import (
 from strom.broker.handlers import HANDLERS
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 from strom.broker.partition import TopicPartition
-from strom.broker.replica_manager import ReplicaManager
+from strom.broker.replica_manager import ReplicaManager, ReplicationConfig
 from strom.storage import KafkaStorageError, Log, LogConfig, LogManager, StorageError
 
 log = logging.getLogger(__name__)
@@ -140,10 +139,17 @@ class BrokerServer:
             store = LocalDynamicConfigStore(log_dirs[0])
         self.dynamic_config = DynamicBrokerConfig(self, store)
         self.log_manager = LogManager(log_dirs)
-        self.replica_manager = ReplicaManager(self.log_manager, self.log_config)
+        self.replica_manager = ReplicaManager(
+            self.log_manager,
+            self.log_config,
+            node_id=self.node_id,
+            cluster=self.cluster,
+            replication=ReplicationConfig.from_kafka_config(config),
+        )
         # A cluster's controller (the broker contends for /controller) and the partition states
         # this broker applied, (leader epoch, partition epoch) per partition, by topic.
         self.controller: Controller | None = None
+        self._apply_task: asyncio.Task[None] | None = None
         self._applied: dict[TopicPartition, tuple[int, int]] = {}
         self._hosted: dict[str, TopicState] = {}
         self._dirty_topics: set[str] = set()
@@ -239,7 +245,10 @@ class BrokerServer:
             self._tasks.append(
                 loop.create_task(self._every(self.config.cleaner_config.backoff_ms, self._clean_logs))
             )
+        await self.replica_manager.start()
         if self.cluster is not None:
+            # The coordinator owns the groups of the offsets partitions this broker leads.
+            self.replica_manager.add_leadership_listener(self.group_coordinator)
             await self._join_cluster(self.cluster)
         log.info(
             "broker started",
@@ -389,6 +398,7 @@ class BrokerServer:
         self.group_coordinator.shutdown()
         if self.cluster is not None:
             await self.cluster.close()  # deregisters: the controller moves on without this broker
+        await self.replica_manager.shutdown()
         self.replica_manager.wake_all_fetchers()
         # Admin operations in flight finish (or fail) before the logs close.
         async with self._admin_lock:
@@ -473,7 +483,8 @@ class BrokerServer:
         host, port = self.advertised_endpoint()
         listener = self.config.advertised_client_listener()
         await cluster.register(cluster.registration([(listener.name, host, port)]))
-        self._tasks.append(asyncio.get_running_loop().create_task(self._apply_cluster_changes()))
+        self._apply_task = asyncio.get_running_loop().create_task(self._apply_cluster_changes())
+        self._tasks.append(self._apply_task)
         for topic in cluster.image.topics():
             self._topic_changed(topic.name)
         self.controller = Controller(cluster.zk, self.node_id, self.config)
@@ -499,6 +510,11 @@ class BrokerServer:
                 "controlled shutdown",
             ):
                 log.warning("controlled shutdown did not complete; shutting down anyway")
+            # Leadership has moved: stop following, so no leader takes this broker back into its ISR.
+            if self._apply_task is not None:
+                self._apply_task.cancel()
+            if self.replica_manager.fetchers is not None:
+                await self.replica_manager.fetchers.shutdown()
         if self.controller is not None:
             await self.controller.stop()
 
@@ -558,29 +574,11 @@ class BrokerServer:
             self._applied[tp] = (state.leader_epoch, state.partition_epoch)
         self._hosted[name] = topic
 
-    # SHIM (integrator: replace with the replication branch's ReplicaManager API). Until the merge
-    # the replica manager hosts every partition as its only replica: ``apply_partition_state``
-    # becomes ``await self.replica_manager.apply_partition_state(topic, state)``; the coordinator's
-    # leadership calls below become a listener registered once with
-    # ``self.replica_manager.add_leadership_listener(self.group_coordinator)``.
     async def _apply_partition_state(self, topic: TopicState, state: PartitionState) -> None:
-        await self.replica_manager.create_partitions(dataclasses.replace(topic, partitions=[state]))
-        tp = TopicPartition(topic.name, state.partition)
-        if state.leader == self.node_id:
-            self.group_coordinator.on_become_leader(tp, state.leader_epoch)
-        else:
-            self.group_coordinator.on_become_follower(tp)
+        await self.replica_manager.apply_partition_state(topic, state)
 
-    # SHIM (integrator: ``await self.replica_manager.stop_partitions([tp], delete=True)``).
     async def _stop_partition(self, tp: TopicPartition) -> None:
-        self.group_coordinator.on_become_follower(tp)
-        topic = self._hosted.get(tp.topic)
-        if topic is not None:
-            await self.replica_manager.stop_replicas(
-                dataclasses.replace(
-                    topic, partitions=[p for p in topic.partitions if p.partition == tp.partition]
-                )
-            )
+        await self.replica_manager.stop_partitions([tp], delete=True)
 
     # -- topic management (the embedded controller's operations) -----------------------------
     #
