@@ -69,6 +69,7 @@ CLUSTER_TEST_CONFIG: dict[str, str] = {
     "unclean.leader.election.enable": "false",
     "num.partitions": "3",
     "log.flush.offset.checkpoint.interval.ms": "1000",
+    "controlled.shutdown.retry.backoff.ms": "200",
 }
 CHROOT = "/strom"
 # How long an outage may last: Kafka's replication test allows the session timeout plus 10 s.

@@ -64,6 +64,7 @@ def _broker(tmp: Path, zookeeper: ZooKeeperServer, broker_id: int, rack: str) ->
             "offsets.topic.replication.factor": "2",
             "offsets.topic.num.partitions": "4",
             "group.initial.rebalance.delay.ms": "0",
+            "controlled.shutdown.retry.backoff.ms": "200",
         },
     )
 

@@ -203,7 +203,7 @@ class ControlledShutdownReport:
 
     The broker creates it (ephemeral) as ``{"version":1,"broker":N,"request_id":"<hex>"}``; the
     controller answers in the same znode, keeping those fields and adding ``controller_epoch``,
-    ``leaders_remaining`` (partitions with more than one replica that N still leads),
+    ``leaders_remaining`` (partitions N still leads that another live replica could take over),
     ``isr_remaining`` (partitions N follows in an ISR with other live members) and ``done``
     (both are 0). The broker trusts only an answer carrying its own request id.
     """
@@ -261,10 +261,11 @@ async def request_controlled_shutdown(zk: AsyncZooKeeper, broker_id: int, timeou
             with contextlib.suppress(NoNodeError):
                 await zk.delete(path)
             await zk.create(path, request.encode_request(), ephemeral=True)
-            if await _await_shutdown_report(
+            report = await _await_shutdown_report(
                 zk, path, request.request_id, min(_SHUTDOWN_RETRY_S, deadline - loop.time())
-            ):
-                return True
+            )
+            if report is not None:
+                return report.done
             if loop.time() >= deadline:
                 return False
     finally:
@@ -272,26 +273,30 @@ async def request_controlled_shutdown(zk: AsyncZooKeeper, broker_id: int, timeou
             await zk.delete(path)
 
 
-async def _await_shutdown_report(zk: AsyncZooKeeper, path: str, request_id: str, timeout_s: float) -> bool:
-    """True once the controller answers request ``request_id`` with done, within ``timeout_s``."""
-    done = asyncio.Event()
+async def _await_shutdown_report(
+    zk: AsyncZooKeeper, path: str, request_id: str, timeout_s: float
+) -> ControlledShutdownReport | None:
+    """The controller's answer to request ``request_id`` (done, or what still holds the shutdown up,
+    as Kafka's ControlledShutdown response lists the partitions remaining); None if none came
+    within ``timeout_s``."""
+    answered: asyncio.Future[ControlledShutdownReport] = asyncio.get_running_loop().create_future()
 
     def on_report(data: bytes | None, _stat: ZnodeStat | None) -> None:
-        if not data:
+        if not data or answered.done():
             return
         with contextlib.suppress(ValueError, KeyError):
             report = ControlledShutdownReport.decode(data)
-            if report.request_id == request_id and report.done:
-                done.set()
+            if report.request_id == request_id and report.controller_epoch >= 0:
+                answered.set_result(report)
 
     watch = await zk.watch_data(path, on_report)
     try:
         if timeout_s > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), timeout_s)
+                return await asyncio.wait_for(asyncio.shield(answered), timeout_s)
     finally:
         watch.cancel()
-    return done.is_set()
+    return answered.result() if answered.done() else None
 
 
 async def request_preferred_leader_election(
@@ -907,7 +912,10 @@ class Controller:
             state = await self._update_state(topic, partition, decide, "controlled shutdown")
             if state is None:
                 continue
-            if state.leader == broker and len(replicas) > 1:
+            others = [b for b in replicas if b != broker and b in live and b not in self._shutting_down]
+            if state.leader == broker and others:
+                # Another live replica could still take over (once in the ISR): worth a retry.
+                # A partition with no other live replica holds no shutdown up: waiting cannot help.
                 leaders_remaining += 1
             elif (
                 broker in state.isr
