@@ -10,7 +10,7 @@ from strom.broker.cluster.local import InvalidTopicError, validate_topic_name
 from strom.broker.cluster.metadata import PartitionState, TopicState
 from strom.broker.cluster.zookeeper import LeaderNotAvailableError
 from strom.broker.dispatcher import RequestContext
-from strom.broker.partition import TopicPartition
+from strom.broker.handlers.partition_view import partition_view
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, ZERO_UUID, build
 from strom.storage import StorageError
@@ -44,28 +44,16 @@ def broker_entities(ctx: RequestContext, entity_type: type[Any]) -> tuple[Any, .
 
 
 def _partition_entity(ctx: RequestContext, topic: str, p: PartitionState) -> Any:
-    cluster = ctx.broker.cluster
-    if cluster is None:
-        # A partition on a failed log dir has no leader, as Kafka's controller reports it once the
-        # broker's only replica is offline: LEADER_NOT_AVAILABLE, this node among the offline replicas.
-        offline = ctx.broker.replica_manager.is_offline(TopicPartition(topic, p.partition))
-        leader = -1 if offline else p.leader
-        offline_replicas = tuple(p.replicas) if offline else ()
-    else:
-        # As Kafka's metadata cache: replicas on brokers that are not alive are offline, and a leader
-        # that is not alive (the controller has yet to move leadership) is no leader.
-        live = cluster.live_brokers
-        leader = p.leader if p.leader in live else -1
-        offline_replicas = tuple(b for b in p.replicas if b not in live)
+    view = partition_view(ctx.broker.replica_manager, ctx.broker.cluster, topic, p)
     return build(
         ctx.response.MetadataResponsePartition,
-        error_code=ErrorCode.leader_not_available if leader == -1 else ErrorCode.none,
+        error_code=view.error,
         partition_index=p.partition,
-        leader_id=leader,
+        leader_id=view.leader,
         leader_epoch=p.leader_epoch,
         replica_nodes=tuple(p.replicas),
         isr_nodes=tuple(p.isr),
-        offline_replicas=offline_replicas,
+        offline_replicas=view.offline_replicas,
     )
 
 

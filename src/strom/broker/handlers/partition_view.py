@@ -1,14 +1,19 @@
-"""What clients are told about one partition's leadership, shared by the describe APIs.
+"""What clients are told about one partition's leadership, shared by Metadata and the describe APIs.
 
-A partition on a failed log dir has no leader, as Kafka's controller reports it once the broker's
-only replica is offline: LEADER_NOT_AVAILABLE, this node among the offline replicas.
+On a single node, a partition on a failed log dir has no leader, as Kafka's controller reports it
+once the broker's only replica is offline: LEADER_NOT_AVAILABLE, this node among the offline
+replicas. In a cluster, as Kafka's metadata cache: replicas on brokers that are not alive are
+offline, a leader that is not alive (the controller has yet to move leadership) is no leader,
+and this broker names itself leader only once it has become leader in that epoch (Kafka applies
+a leadership change before it publishes it), so a client that follows the answer is served.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strom.broker.cluster.metadata import PartitionState, TopicState
+from strom.broker.cluster.metadata import PartitionState
+from strom.broker.cluster.zookeeper import ZkControlPlane
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
 from strom.protocol.errors import ErrorCode
@@ -21,7 +26,20 @@ class PartitionView:
     offline_replicas: tuple[int, ...]
 
 
-def partition_view(replica_manager: ReplicaManager, topic: TopicState, p: PartitionState) -> PartitionView:
-    if replica_manager.is_offline(TopicPartition(topic.name, p.partition)):
-        return PartitionView(ErrorCode.leader_not_available, -1, tuple(p.replicas))
-    return PartitionView(ErrorCode.none, p.leader, ())
+def partition_view(
+    replica_manager: ReplicaManager, cluster: ZkControlPlane | None, topic: str, p: PartitionState
+) -> PartitionView:
+    tp = TopicPartition(topic, p.partition)
+    if cluster is None:
+        if replica_manager.is_offline(tp):
+            return PartitionView(ErrorCode.leader_not_available, -1, tuple(p.replicas))
+        return PartitionView(ErrorCode.none, p.leader, ())
+    live = cluster.live_brokers
+    offline_replicas = tuple(b for b in p.replicas if b not in live)
+    leader = p.leader if p.leader in live else -1
+    if leader == replica_manager.node_id:
+        local = replica_manager.partition(tp)
+        if local is None or not local.is_leader or local.leader_epoch < p.leader_epoch:
+            leader = -1
+    error = ErrorCode.leader_not_available if leader == -1 else ErrorCode.none
+    return PartitionView(error, leader, offline_replicas)
