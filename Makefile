@@ -11,7 +11,7 @@ BROKER_INSTALLED := $(VENV)/.installed-broker
 BUILD_INPUTS := pyproject.toml setup.py src/strom/records/_scanner.c
 APT_PACKAGES := kcat e2fsprogs zookeeper  # e2fsprogs: mkfs.ext4 for the full-disk test; zookeeper: cluster tests
 
-.PHONY: run test lint bench demo system-deps clean
+.PHONY: run cluster test lint bench demo system-deps clean
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -26,6 +26,10 @@ $(INSTALLED): $(BUILD_INPUTS) | $(PYTHON)
 
 run: $(BROKER_INSTALLED)
 	$(VENV)/bin/strom serve config/server.properties
+
+# A local cluster: ZooKeeper and three brokers on 127.0.0.11-13:9092, data in ./cluster-data; Ctrl-C stops it.
+cluster: $(BROKER_INSTALLED) system-deps
+	$(VENV)/bin/strom cluster up --brokers 3
 
 # The web-log demo: broker, log generator, Spark pipeline and a live chart on http://127.0.0.1:8000/
 demo: $(INSTALLED)
@@ -57,4 +61,4 @@ bench: $(INSTALLED)
 	$(PYTHON) bench/spark_bench.py --write-results
 
 clean:
-	rm -rf $(VENV) .cache data strom-checkpoints build src/strom/records/*.so
+	rm -rf $(VENV) .cache data strom-checkpoints cluster-data build src/strom/records/*.so

@@ -28,28 +28,28 @@ class BrokerError(RuntimeError):
     """A broker did not start or stop as asked; the message carries its log's tail."""
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on right now (the kernel's pick)."""
+def free_port(host: str = HOST) -> int:
+    """A port of a loopback address nothing listens on right now (the kernel's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def _port_is_free(port: int) -> bool:
+def _port_is_free(host: str, port: int) -> bool:
     # SO_REUSEADDR as a server sets it, so a previous run's TIME_WAIT sockets do not count.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((HOST, port))
+            sock.bind((host, port))
         except OSError:
             return False
         return True
 
 
-def _accepts_connections(port: int) -> bool:
+def _accepts_connections(host: str, port: int) -> bool:
     try:
-        with socket.create_connection((HOST, port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False
@@ -60,13 +60,15 @@ class BrokerProcess:
 
     workdir holds the broker's log (`broker.log`) and, unless data_dir is given, its data
     (`workdir/data`). overrides are extra broker configs passed as `--override key=value`; the
-    listener and log.dirs are set from port and data_dir and cannot be overridden.
+    listener and log.dirs are set from host, port and data_dir and cannot be overridden. host is
+    the loopback address the broker listens on (cluster tests give each broker its own).
     """
 
     def __init__(
         self,
         workdir: Path,
         *,
+        host: str = HOST,
         port: int | None = None,
         data_dir: Path | None = None,
         overrides: Mapping[str, str] | None = None,
@@ -78,7 +80,8 @@ class BrokerProcess:
             if fixed in overrides:
                 raise ValueError(f"{fixed} is derived from port/data_dir; do not override it")
         self.workdir = workdir
-        self.port = port if port is not None else free_port()
+        self.host = host
+        self.port = port if port is not None else free_port(host)
         self.data_dir = data_dir if data_dir is not None else workdir / "data"
         self.overrides = overrides
         self.log_path = workdir / "broker.log"
@@ -89,11 +92,11 @@ class BrokerProcess:
     @property
     def bootstrap(self) -> str:
         """The `host:port` clients use as bootstrap.servers."""
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def command(self) -> list[str]:
         configs = {
-            "listeners": f"PLAINTEXT://{HOST}:{self.port}",
+            "listeners": f"PLAINTEXT://{self.host}:{self.port}",
             "log.dirs": str(self.data_dir),
             **self.overrides,
         }
@@ -119,7 +122,7 @@ class BrokerProcess:
         """Spawn the broker and return once its port accepts connections."""
         if self.running:
             raise BrokerError(f"broker already running (pid {self.pid})")
-        if not _port_is_free(self.port):
+        if not _port_is_free(self.host, self.port):
             # Otherwise the readiness check below would succeed against someone else's socket.
             raise BrokerError(f"port {self.port} is already in use")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -145,7 +148,7 @@ class BrokerProcess:
             status = self.returncode
             if status is not None:
                 raise BrokerError(f"broker exited with status {status} before listening\n{self.log_tail()}")
-            if _accepts_connections(self.port):
+            if _accepts_connections(self.host, self.port):
                 return
             if time.monotonic() > deadline:
                 self.kill9()

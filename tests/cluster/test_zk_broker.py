@@ -1,15 +1,13 @@
 """The broker side of ZooKeeper mode: two real broker processes on a real ZooKeeper.
 
-A small stand-in for the controller (``StandInController``, in the test process, over kazoo)
-writes what a controller writes in ZooKeeper -- /controller, the first state of every new
-partition, topic deletion -- so these tests exercise the brokers alone: their registration,
-their view of the cluster, their admin writes and how they apply partition states.
+The brokers' own controller (one of them wins /controller) writes partition states and carries
+out deletions; these tests look at the brokers' side: their registration, their view of the
+cluster, their admin writes and how they apply partition states.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +17,6 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
 from kio.schema.describe_configs.v4 import request as describe_configs4
 from kio.static.primitive import i8
 
@@ -32,55 +29,6 @@ pytestmark = pytest.mark.skipif(not java_available(), reason="needs Debian's zoo
 
 CHROOT = "/strom-zkbroker"
 SESSION_TIMEOUT_MS = 2000
-
-
-class StandInController:
-    """Writes what the controller would, from a thread: /controller naming ``broker_id``, a
-    first state (leader = first replica, ISR = all replicas) for every partition without one,
-    and the deletion of every topic in /admin/delete_topics."""
-
-    def __init__(self, connect: str, broker_id: int) -> None:
-        self.zk = KazooClient(hosts=connect)
-        self.broker_id = broker_id
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> StandInController:
-        self.zk.start(timeout=10)
-        self.zk.ensure_path(znodes.TOPICS)
-        self.zk.ensure_path(znodes.DELETE_TOPICS)
-        self.zk.create(znodes.CONTROLLER, znodes.ControllerZNode(self.broker_id).encode(), ephemeral=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.zk.stop()
-        self.zk.close()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            try:
-                self._step()
-            except (NoNodeError, NodeExistsError):
-                continue
-
-    def _step(self) -> None:
-        for name in self.zk.get_children(znodes.DELETE_TOPICS):
-            self.zk.delete(znodes.topic_path(name), recursive=True)
-            if self.zk.exists(znodes.topic_config_path(name)):
-                self.zk.delete(znodes.topic_config_path(name))
-            self.zk.delete(znodes.delete_topic_path(name))
-        for name in self.zk.get_children(znodes.TOPICS):
-            data, _ = self.zk.get(znodes.topic_path(name))
-            for partition, replicas in znodes.TopicZNode.decode(data).partitions.items():
-                path = znodes.partition_state_path(name, partition)
-                if not self.zk.exists(path):
-                    state = znodes.LeaderAndIsr(
-                        leader=replicas[0], leader_epoch=0, isr=replicas, controller_epoch=1
-                    )
-                    self.zk.create(path, state.encode(), makepath=True)
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +51,6 @@ def zk(zookeeper: ZooKeeperServer) -> Iterator[KazooClient]:
     client.close()
 
 
-@pytest.fixture(scope="module")
-def controller(zookeeper: ZooKeeperServer, zk: KazooClient) -> Iterator[StandInController]:
-    stand_in = StandInController(zookeeper.connect + CHROOT, broker_id=1).start()
-    yield stand_in
-    stand_in.stop()
-
-
 def _broker(tmp: Path, zookeeper: ZooKeeperServer, broker_id: int, rack: str) -> BrokerProcess:
     return BrokerProcess(
         tmp / f"broker{broker_id}",
@@ -129,7 +70,7 @@ def _broker(tmp: Path, zookeeper: ZooKeeperServer, broker_id: int, rack: str) ->
 
 @pytest.fixture(scope="module")
 def brokers(
-    tmp_path_factory: pytest.TempPathFactory, zookeeper: ZooKeeperServer, controller: StandInController
+    tmp_path_factory: pytest.TempPathFactory, zookeeper: ZooKeeperServer
 ) -> Iterator[list[BrokerProcess]]:
     tmp = tmp_path_factory.mktemp("brokers")
     started = [_broker(tmp, zookeeper, 1, "rack-a"), _broker(tmp, zookeeper, 2, "rack-b")]
@@ -197,7 +138,8 @@ def test_metadata_lists_live_brokers_and_the_controller(
         metadata = admin.list_topics(timeout=10)
         assert sorted(metadata.brokers) == [1, 2]
         assert {b.id: b.port for b in metadata.brokers.values()} == {1: brokers[0].port, 2: brokers[1].port}
-        assert metadata.controller_id == 1
+        controller = json.loads(zk.get(znodes.CONTROLLER)[0])["brokerid"]
+        assert metadata.controller_id == controller
 
 
 def test_create_topics_writes_kafkas_znodes_and_states_apply(
@@ -215,7 +157,7 @@ def test_create_topics_writes_kafkas_znodes_and_states_apply(
     assert all(sorted(r) == [1, 2] for r in topic["partitions"].values())
     config = json.loads(zk.get(znodes.topic_config_path("replicated"))[0])
     assert config == {"version": 1, "config": {"retention.ms": "86400000"}}
-    # Every broker sees the leaders and ISRs the (stand-in) controller wrote.
+    # Every broker sees the leaders and ISRs the controller wrote.
     for broker in brokers:
         metadata = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics("replicated", timeout=10)
         partitions = metadata.topics["replicated"].partitions
@@ -313,8 +255,8 @@ def test_consumer_group_coordinator_and_restart_keeps_data(
         assert sorted(tp.offset for tp in committed) == [10, 10]
     finally:
         consumer.close()
-    # The broker leading a partition restarts with its data (the stand-in controller keeps the
-    # leadership where it was, so the same broker serves it again).
+    # The broker leading a partition restarts; the data is served again (by the other replica,
+    # which took over the leadership, or by the restarted broker once it leads again).
     leader_of_0 = json.loads(zk.get(znodes.partition_state_path("durable", 0))[0])["leader"]
     restarted = brokers[leader_of_0 - 1]
     restarted.restart()

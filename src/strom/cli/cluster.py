@@ -1,23 +1,31 @@
 """``strom cluster``: the cluster id, the controller, the brokers and each broker's API versions,
-what ``kcat -L``, ``kafka-broker-api-versions`` and ``rpk cluster info`` show."""
+what ``kcat -L``, ``kafka-broker-api-versions`` and ``rpk cluster info`` show.
+``strom cluster up``: a local cluster (ZooKeeper and N brokers on loopback addresses) until Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import signal
 import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from strom import __version__
 from strom.cli.common import (
     ArgumentParser,
+    CliError,
     Subparsers,
     add_connection_options,
     add_parser,
     admin_client,
+    key_value,
+    positive_int,
     print_table,
 )
+from strom.cli.local_cluster import DEFAULT_CHROOT, LocalCluster, LocalClusterError, java_available
 from strom.network.connection import BrokerConnection, KafkaConnectionError
 from strom.network.pool import Node
 from strom.protocol.apis import ApiKey
@@ -36,7 +44,8 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "examples:\n"
         "  strom cluster\n"
         "  strom cluster --no-api-versions\n"
-        "  strom cluster --json",
+        "  strom cluster --json\n"
+        "  strom cluster up --brokers 3",
     )
     parser.add_argument(
         "--no-api-versions", action="store_true", help="leave out the API versions of each broker"
@@ -44,6 +53,52 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object")
     add_connection_options(parser)
     parser.set_defaults(func=_run)
+    commands = parser.add_subparsers(
+        dest="cluster_command", required=False, metavar="COMMAND", parser_class=ArgumentParser
+    )
+    up = add_parser(
+        commands,
+        "up",
+        help="run a local cluster: ZooKeeper and N brokers, until Ctrl-C",
+        description="Start a private ZooKeeper server (Debian's zookeeper package, on java) and N "
+        "brokers, broker N on 127.0.0.(10+N) at --base-port, all data and logs under --dir "
+        "(zookeeper/, broker-N/); print the bootstrap servers and run until Ctrl-C or SIGTERM, "
+        "which stops every broker cleanly, then ZooKeeper. Data stays for the next run. Topics get "
+        "replication factor min(3, N) by default.\n\n"
+        "examples:\n"
+        "  strom cluster up\n"
+        "  strom cluster up --brokers 5 --dir /tmp/strom-cluster\n"
+        "  strom cluster up --override min.insync.replicas=2",
+    )
+    up.add_argument("--brokers", type=positive_int, default=3, help="how many brokers (default 3)")
+    up.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("cluster-data"),
+        help="folder for all data and logs (default ./cluster-data)",
+    )
+    up.add_argument(
+        "--base-port",
+        type=positive_int,
+        default=9092,
+        help="the port every broker listens on, each on its own address (default 9092)",
+    )
+    up.add_argument(
+        "--zookeeper-port",
+        type=positive_int,
+        default=2181,
+        help="ZooKeeper's port on 127.0.0.1 (default 2181)",
+    )
+    up.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="a broker config for every broker (repeatable)",
+    )
+    # Nothing runs yet at the bootstrap address the connection options name: no reachability check.
+    up.set_defaults(func=_up, check_cluster=False)
 
 
 @dataclass
@@ -131,3 +186,52 @@ def _run(args: argparse.Namespace) -> int:
             print(",\n".join(lines))
         print(")")
     return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    if not java_available():
+        raise CliError(
+            "ZooKeeper needs java and Debian's zookeeper package: apt-get install zookeeper (make system-deps)"
+        )
+    cluster = LocalCluster(
+        args.dir.resolve(),
+        args.brokers,
+        port=args.base_port,
+        zookeeper_port=args.zookeeper_port,
+        overrides=dict(args.override),
+    )
+    try:
+        cluster.start()
+        print(
+            f"ZooKeeper: {cluster.zookeeper.connect} (chroot {DEFAULT_CHROOT}, log {cluster.zookeeper.log_path})"
+        )
+        for broker in cluster.brokers:
+            print(f"broker {broker.broker_id}: {broker.address} (log {broker.log_path})")
+        print(f"Bootstrap servers: {cluster.bootstrap}")
+        print("Ctrl-C stops the cluster.", flush=True)
+        reported: set[int] = set()
+        while True:
+            for broker in cluster.exited():
+                if broker.broker_id not in reported:
+                    reported.add(broker.broker_id)
+                    assert broker.process is not None
+                    print(
+                        f"broker {broker.broker_id} exited with status {broker.process.returncode} "
+                        f"(see {broker.log_path})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            time.sleep(0.5)
+    except LocalClusterError as exc:
+        raise CliError(str(exc)) from exc
+    except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (main() turns it into the same)
+        print("stopping the cluster", flush=True)
+        return 0
+    finally:
+        # A second Ctrl-C must not leave brokers behind halfway through their shutdown.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            cluster.stop()
+        finally:
+            signal.signal(signal.SIGINT, previous[0])
+            signal.signal(signal.SIGTERM, previous[1])

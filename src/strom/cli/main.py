@@ -148,7 +148,11 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"{prog}: error: {message}", file=sys.stderr)
 
     try:
-        if hasattr(args, "bootstrap_server") and args.command not in _WITHOUT_CLUSTER_CHECK:
+        if (
+            hasattr(args, "bootstrap_server")
+            and args.command not in _WITHOUT_CLUSTER_CHECK
+            and getattr(args, "check_cluster", True)  # `strom cluster up` starts the cluster
+        ):
             # Every client command says the same, within seconds, when nobody answers.
             check_cluster(bootstrap_servers(args))
         status: int = args.func(args)
