@@ -47,13 +47,13 @@ async def handle_describe_log_dirs(ctx: RequestContext, request: Any) -> Any:
                     is_future_key=False,
                 )
             )
-        for (topic, partition), future in log_manager.future_logs.items():
+        for (topic, index), future in log_manager.future_logs.items():
             # A move in progress to this dir: its copy, as Kafka's future replica.
-            if future.target_dir == log_dir and (wanted is None or (topic, partition) in wanted):
+            if future.target_dir == log_dir and (wanted is None or (topic, index) in wanted):
                 by_topic[topic].append(
                     build(
                         r.DescribeLogDirsPartition,
-                        partition_index=partition,
+                        partition_index=index,
                         partition_size=future.size_in_bytes,
                         offset_lag=future.offset_lag(),
                         is_future_key=True,
