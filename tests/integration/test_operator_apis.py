@@ -69,7 +69,9 @@ def where(wire: KafkaWire, topic: str) -> dict[str, list[tuple[int, bool]]]:
     module = kio_request("describe_log_dirs", 4)
     response = wire.request(module.DescribeLogDirsRequest(topics=None))
     return {
-        r.log_dir: [(p.partition_index, p.is_future_key) for t in r.topics if t.name == topic for p in t.partitions]
+        r.log_dir: [
+            (p.partition_index, p.is_future_key) for t in r.topics if t.name == topic for p in t.partitions
+        ]
         for r in response.results
     }
 
@@ -94,7 +96,9 @@ def alter(wire: KafkaWire, path: str, topic: str, partition: int, version: int =
 def test_alter_replica_log_dirs_moves_the_log_with_its_data(wire: KafkaWire, two_dirs: TwoDirBroker) -> None:
     sent = [f"record-{i:04}".encode() * 500 for i in range(600)]  # 3 MB: several 1 MiB segments
     for start in range(0, len(sent), 50):
-        wire.produce_ok(TOPIC, encode_batch([RecordSpec(key=None, value=v) for v in sent[start : start + 50]]))
+        wire.produce_ok(
+            TOPIC, encode_batch([RecordSpec(key=None, value=v) for v in sent[start : start + 50]])
+        )
     a, b = (str(d.absolute()) for d in two_dirs.dirs)
     source, target = (a, b) if where(wire, TOPIC)[a] else (b, a)
     assert alter(wire, target, TOPIC, 0) == ErrorCode.none
@@ -143,7 +147,10 @@ def test_elect_leaders_on_a_single_node(wire: KafkaWire) -> None:
         for t in response.replica_election_results  # type: ignore[attr-defined]
         for p in t.partition_result
     }
-    assert answers[(TOPIC, 0)] == (ErrorCode.election_not_needed, "Leader election not needed for topic partition.")
+    assert answers[(TOPIC, 0)] == (
+        ErrorCode.election_not_needed,
+        "Leader election not needed for topic partition.",
+    )
     assert answers[("no-such-topic", 0)][0] == ErrorCode.unknown_topic_or_partition
     assert answers[(TOPIC, 5)][0] == ErrorCode.unknown_topic_or_partition
     # Every partition: those that need no election are left out.
@@ -152,7 +159,9 @@ def test_elect_leaders_on_a_single_node(wire: KafkaWire) -> None:
     assert unclean.replica_election_results[0].partition_result[0].error_code == ErrorCode.election_not_needed  # type: ignore[attr-defined]
 
 
-def reassign(wire: KafkaWire, topic: str, partition: int, replicas: list[int] | None) -> tuple[int, str | None]:
+def reassign(
+    wire: KafkaWire, topic: str, partition: int, replicas: list[int] | None
+) -> tuple[int, str | None]:
     module = kio_request("alter_partition_reassignments", 1)
     response = wire.request(
         module.AlterPartitionReassignmentsRequest(
