@@ -5,6 +5,7 @@ ElectLeaders and the reassignment APIs answer as a one-broker Kafka does."""
 from __future__ import annotations
 
 import datetime
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +13,10 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from brokerproc import BrokerProcess
+from brokerproc import STROM, BrokerProcess
 from kafka_wire import EARLIEST, KafkaWire, kio_request
+from strom.client.admin import AdminClient, ElectionType, TopicPartitionReplica
+from strom.client.cluster import TopicPartition
 from strom.records.codec import RecordSpec, decode_batches, encode_batch
 
 TOPIC = "moving"
@@ -198,6 +201,51 @@ def test_reassignment_on_a_single_node(wire: KafkaWire) -> None:
     module = kio_request("list_partition_reassignments", 0)
     listed = wire.request(module.ListPartitionReassignmentsRequest(timeout=TIMEOUT, topics=None))
     assert listed.error_code == ErrorCode.none and listed.topics == ()
+
+
+def strom_cli(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(STROM), *args, "--bootstrap-server", broker.bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_broker_configs_through_strom_configs(two_dirs: TwoDirBroker) -> None:
+    """kafka-configs' form: the cluster-wide default and one broker, altered and described."""
+    default = strom_cli(
+        two_dirs, "configs", "--entity-type", "brokers", "--entity-default", "--alter",
+        "--add-config", "log.retention.ms=7200000",
+    )  # fmt: skip
+    assert default.returncode == 0, default.stderr
+    assert "Completed updating default config for brokers in the cluster." in default.stdout
+    one = strom_cli(
+        two_dirs, "configs", "--entity-type", "brokers", "--entity-name", "1", "--alter",
+        "--add-config", "max.connections=1000",
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    shown = strom_cli(two_dirs, "configs", "--entity-type", "brokers", "--entity-default", "--describe")
+    assert "log.retention.ms=7200000  (DYNAMIC_DEFAULT_BROKER_CONFIG)" in shown.stdout, shown.stdout
+    shown = strom_cli(two_dirs, "configs", "--entity-type", "brokers", "--entity-name", "1", "--describe")
+    assert "max.connections=1000  (DYNAMIC_BROKER_CONFIG)" in shown.stdout, shown.stdout
+
+
+def test_admin_client_on_a_single_node(wire: KafkaWire, two_dirs: TwoDirBroker) -> None:
+    with AdminClient({"bootstrap.servers": two_dirs.bootstrap}) as admin:
+        assert admin.list_partition_reassignments() == {}
+        outcome = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(TOPIC, 0)])
+        assert outcome[TopicPartition(TOPIC, 0)].error_code == ErrorCode.election_not_needed  # type: ignore[union-attr]
+        described = admin.describe_topic_partitions([TOPIC], partition_limit=1)
+        assert [p.leader for p in described[TOPIC].partitions] == [1]
+        here = next(d for d in two_dirs.dirs if any(d.glob(f"{TOPIC}-0")))
+        other = next(d for d in two_dirs.dirs if d != here)
+        admin.alter_replica_log_dirs({TopicPartitionReplica(TOPIC, 0, 1): str(other.absolute())})
+    deadline = time.monotonic() + 20
+    while not any(other.glob(f"{TOPIC}-0")) or any(here.glob(f"{TOPIC}-0*")):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert values(wire, TOPIC)[-1] == b"after-the-move"
 
 
 def test_the_moved_log_survives_a_restart(wire: KafkaWire, two_dirs: TwoDirBroker) -> None:
