@@ -306,3 +306,48 @@ def test_every_error_code_has_a_sentence() -> None:
     error = KafkaException.from_code(ErrorCode.non_empty_group, "group 'g'")
     assert explain(error) == f"group 'g': NON_EMPTY_GROUP: {SENTENCES[ErrorCode.non_empty_group]}"
     assert explain(KafkaException("no code")) == "no code"
+
+
+def test_leader_election_json_file() -> None:
+    from strom.cli.leader_election import partitions_from_json
+    from strom.client.cluster import TopicPartition
+
+    parsed = partitions_from_json(
+        '{"partitions": [{"topic": "a", "partition": 0}, {"topic": "b", "partition": 2}]}'
+    )
+    assert parsed == [TopicPartition("a", 0), TopicPartition("b", 2)]
+    with pytest.raises(CliError):
+        partitions_from_json('{"topics": []}')
+
+
+def test_reassignment_json_round_trips_kafkas_format() -> None:
+    from strom.cli.reassign import parse_broker_list, parse_reassignment, reassignment_json
+    from strom.client.cluster import TopicPartition
+
+    text = (
+        '{"version":1,"partitions":[{"topic":"t","partition":1,"replicas":[2,3],"log_dirs":["any","any"]}]}'
+    )
+    parsed = parse_reassignment(json.loads(text))
+    assert parsed == {TopicPartition("t", 1): [2, 3]}
+    assert reassignment_json(parsed) == text
+    assert parse_broker_list("1,2,3") == [1, 2, 3]
+    with pytest.raises(CliError):
+        parse_broker_list("1,1")
+    with pytest.raises(CliError):
+        parse_reassignment({"partitions": [{"topic": "t"}]})
+
+
+def test_cli_parses_the_operator_commands() -> None:
+    from strom.cli.main import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["leader-election", "--election-type", "preferred", "--all-topic-partitions"])
+    assert args.election_type == "PREFERRED" and args.all_topic_partitions
+    args = parser.parse_args(["topics", "reassign", "--verify", "--reassignment-json-file", "p.json"])
+    assert args.verify and str(args.reassignment_json_file) == "p.json"
+    args = parser.parse_args(["topics", "describe", "--under-min-isr-partitions"])
+    assert args.under_min_isr_partitions
+    args = parser.parse_args(
+        ["configs", "--entity-type", "brokers", "--entity-default", "--alter", "--add-config", "a=b"]
+    )
+    assert args.alter and args.entity_default and args.add_config == ["a=b"]

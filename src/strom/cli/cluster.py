@@ -26,6 +26,7 @@ from strom.cli.common import (
     print_table,
 )
 from strom.cli.local_cluster import DEFAULT_CHROOT, LocalCluster, LocalClusterError, java_available
+from strom.client.admin import AdminClient
 from strom.network.connection import BrokerConnection, KafkaConnectionError
 from strom.network.pool import Node
 from strom.protocol.apis import ApiKey
@@ -133,9 +134,27 @@ async def _api_versions(nodes: list[Node]) -> list[_Versions]:
     return list(await asyncio.gather(*(one(node) for node in nodes)))
 
 
+@dataclass(frozen=True)
+class PartitionHealth:
+    under_replicated: int  # fewer in-sync replicas than replicas
+    offline: int  # no live leader
+
+
+def partition_health(admin: AdminClient, live: set[int]) -> PartitionHealth:
+    """Counts over every partition of every topic, as Kafka's UnderReplicatedPartitions and
+    OfflinePartitionsCount metrics."""
+    described = admin.describe_topics(admin.list_topics(include_internal=True))
+    partitions = [p for d in described.values() for p in d.partitions]
+    return PartitionHealth(
+        under_replicated=sum(1 for p in partitions if len(p.isr) < len(p.replicas)),
+        offline=sum(1 for p in partitions if p.leader not in live),
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
         described = admin.describe_cluster()
+        health = partition_health(admin, {n.node_id for n in described.nodes})
     nodes = described.nodes
     controller = described.controller.node_id if described.controller is not None else None
     versions = [_Versions() for _ in nodes] if args.no_api_versions else asyncio.run(_api_versions(nodes))
@@ -143,6 +162,8 @@ def _run(args: argparse.Namespace) -> int:
         document = {
             "cluster_id": described.cluster_id,
             "controller_id": controller,
+            "under_replicated_partitions": health.under_replicated,
+            "offline_partitions": health.offline,
             "brokers": [
                 {
                     "id": node.node_id,
@@ -169,6 +190,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     print(f"Cluster ID: {described.cluster_id or '-'}")
     print(f"Controller: {controller if controller is not None else 'none'}")
+    print(f"Under-replicated partitions: {health.under_replicated}")
+    print(f"Offline partitions: {health.offline}")
     print()
     print_table(
         ("ID", "HOST", "PORT", "RACK", "CONTROLLER"),

@@ -8,7 +8,6 @@ from strom.cli.common import (
     ArgumentParser,
     CliError,
     Subparsers,
-    add_commands,
     add_connection_options,
     add_parser,
     admin_client,
@@ -34,7 +33,18 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         help="describe and alter topic and broker configs",
         description="Read and change configs, as kafka-configs does.",
     )
-    commands = add_commands(parser, "configs_command")
+    # kafka-configs' own form: --describe or --alter with the entity and change options.
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--describe", action="store_true", help="as `strom configs describe`")
+    mode.add_argument("--alter", action="store_true", help="as `strom configs alter`")
+    _entity_options(parser, name_required=False)
+    _change_options(parser)
+    parser.add_argument("--all", action="store_true", help="with --describe: every config")
+    add_connection_options(parser)
+    parser.set_defaults(func=_run_flags)
+    commands = parser.add_subparsers(
+        dest="configs_command", required=False, metavar="COMMAND", parser_class=ArgumentParser
+    )
 
     describe = add_parser(
         commands,
@@ -64,22 +74,36 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "  strom configs alter --broker 0 --add-config log.retention.ms=86400000",
     )
     _entity_options(alter, name_required=True)
-    alter.add_argument(
+    _change_options(alter)
+    add_connection_options(alter)
+    alter.set_defaults(func=_alter)
+
+
+def _change_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--add-config",
         action="append",
         default=[],
         metavar="K=V[,K=V...]",
         help="configs to set (repeatable)",
     )
-    alter.add_argument(
+    parser.add_argument(
         "--delete-config",
         action="append",
         default=[],
         metavar="K[,K...]",
         help="configs to remove (repeatable)",
     )
-    add_connection_options(alter)
-    alter.set_defaults(func=_alter)
+
+
+def _run_flags(args: argparse.Namespace) -> int:
+    """``strom configs --describe|--alter ...``, as kafka-configs is called."""
+    if args.alter:
+        args.name_required = True
+        return _alter(args)
+    if args.describe:
+        return _describe(args)
+    raise CliError("give --describe or --alter (or a command: describe, alter)", exit_code=2)
 
 
 def _entity_options(parser: argparse.ArgumentParser, *, name_required: bool) -> None:
@@ -98,6 +122,11 @@ def _entity_options(parser: argparse.ArgumentParser, *, name_required: bool) -> 
     # kafka-configs' shorthands for --entity-type topics/brokers --entity-name NAME.
     parser.add_argument("--topic", metavar="NAME", help="the same as --entity-type topics --entity-name NAME")
     parser.add_argument("--broker", metavar="ID", help="the same as --entity-type brokers --entity-name ID")
+    parser.add_argument(
+        "--entity-default",
+        action="store_true",
+        help="with --entity-type brokers: the cluster-wide default of every broker",
+    )
 
 
 def _entity(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -112,6 +141,12 @@ def _entity(args: argparse.Namespace) -> tuple[str, str | None]:
         return ("topic", args.topic) if args.topic is not None else ("broker", args.broker)
     if args.entity_type is None:
         raise CliError("give --entity-type (topics or brokers), or --topic or --broker", exit_code=2)
+    if args.entity_default:
+        if _ENTITY_TYPES[args.entity_type] != "broker" or args.entity_name is not None:
+            raise CliError(
+                "--entity-default goes with --entity-type brokers, without --entity-name", exit_code=2
+            )
+        return "broker", ""  # Kafka's resource name of the cluster-wide broker default
     if args.name_required and args.entity_name is None:
         raise CliError("give --entity-name", exit_code=2)
     return _ENTITY_TYPES[args.entity_type], args.entity_name
@@ -159,7 +194,8 @@ def _describe(args: argparse.Namespace) -> int:
         entries = sorted(described[resource].values(), key=lambda e: e.name)
         shown = [e for e in entries if args.all or e.source in _DYNAMIC_SOURCES]
         scope = "All" if args.all else "Dynamic"
-        print(f"{scope} configs for {kind} {resource.name}:")
+        title = "the cluster-wide broker default" if resource.name == "" else f"{kind} {resource.name}"
+        print(f"{scope} configs for {title}:")
         for entry in shown:
             value = "[hidden]" if entry.sensitive else "null" if entry.value is None else entry.value
             flags = " read-only" if entry.read_only else ""
@@ -182,5 +218,7 @@ def _alter(args: argparse.Namespace) -> int:
     resource = ConfigResource(kind, name)
     with admin_client(args) as admin:
         admin.incremental_alter_configs({resource: ops})
-    print(f"Completed updating config for {kind} {name}.")
+    print(
+        f"Completed updating {'default config for brokers in the cluster' if name == '' else f'config for {kind} {name}'}."
+    )
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from strom.cli import reassign
 from strom.cli.common import (
     ArgumentParser,
     CliError,
@@ -78,6 +79,11 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
     describe.add_argument(
         "--unavailable-partitions", action="store_true", help="only partitions whose leader is not available"
     )
+    describe.add_argument(
+        "--under-min-isr-partitions",
+        action="store_true",
+        help="only partitions with fewer in-sync replicas than the topic's min.insync.replicas",
+    )
     describe.add_argument("--exclude-internal", action="store_true", help="leave out internal topics")
     add_connection_options(describe)
     describe.set_defaults(func=_describe)
@@ -93,6 +99,17 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
     alter.add_argument("--partitions", type=positive_int, required=True, metavar="N", help="new total count")
     add_connection_options(alter)
     alter.set_defaults(func=_alter)
+
+    reassign_parser = add_parser(
+        commands,
+        "reassign",
+        help="move partitions between brokers (as kafka-reassign-partitions)",
+        description=(reassign.__doc__ or "").split("\n\n", 1)[1] + "\nexamples:\n"
+        "  strom topics reassign --generate --topics-to-move-json-file topics.json --broker-list 1,2,3\n"
+        "  strom topics reassign --execute --reassignment-json-file plan.json\n"
+        "  strom topics reassign --verify --reassignment-json-file plan.json",
+    )
+    reassign.add_arguments(reassign_parser)
 
     delete = add_parser(commands, "delete", help="delete topics", description="Delete topics and their data.")
     add_either(delete, "topic", many=True, help="the topics to delete")
@@ -128,8 +145,11 @@ def _describe(args: argparse.Namespace) -> int:
         if args.exclude_internal:
             described = {n: d for n, d in described.items() if not d.is_internal}
         live = {node.node_id for node in admin.describe_cluster().nodes}
-        filtered = args.under_replicated_partitions or args.unavailable_partitions
+        filtered = (
+            args.under_replicated_partitions or args.unavailable_partitions or args.under_min_isr_partitions
+        )
         configs = {} if filtered else _dynamic_configs(admin, list(described))
+        min_isr = _min_isr(admin, list(described)) if args.under_min_isr_partitions else {}
     for name in sorted(described):
         description = described[name]
         if not filtered:
@@ -140,6 +160,8 @@ def _describe(args: argparse.Namespace) -> int:
             if args.under_replicated_partitions and not under_replicated:
                 continue
             if args.unavailable_partitions and not unavailable:
+                continue
+            if args.under_min_isr_partitions and not len(p.isr) < min_isr.get(name, 1):
                 continue
             line = (
                 f"\tTopic: {name}\tPartition: {p.partition}\tLeader: {p.leader if p.leader >= 0 else 'none'}"
@@ -165,6 +187,19 @@ def _dynamic_configs(admin: AdminClient, names: list[str]) -> dict[str, str]:
         )
         for r in resources
     }
+
+
+def _min_isr(admin: AdminClient, names: list[str]) -> dict[str, int]:
+    """Each topic's effective min.insync.replicas."""
+    if not names:
+        return {}
+    resources = [ConfigResource("topic", n) for n in names]
+    described = admin.describe_configs(resources)
+    found: dict[str, int] = {}
+    for r in resources:
+        entry = described[r].get("min.insync.replicas")
+        found[r.name] = int(entry.value) if entry is not None and entry.value is not None else 1
+    return found
 
 
 def _print_topic(description: TopicDescription, configs: str) -> None:

@@ -47,7 +47,10 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_LOG_DIRS = 35
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
     LIST_CONFIG_RESOURCES = 74
@@ -94,6 +97,10 @@ SUPPORTED_VERSIONS: dict[ApiKey, VersionRange] = {
     ApiKey.DESCRIBE_CLUSTER: VersionRange(0, 2),
     ApiKey.LIST_CONFIG_RESOURCES: VersionRange(0, 1),
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: VersionRange(0, 0),
+    ApiKey.ALTER_REPLICA_LOG_DIRS: VersionRange(1, 2),
+    ApiKey.ELECT_LEADERS: VersionRange(0, 2),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: VersionRange(0, 1),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: VersionRange(0, 0),
 }
 
 # Versions advertised for compatibility but refused before decoding (KIP-896: Kafka 4

@@ -33,6 +33,7 @@ from strom.storage.checkpoint import (
 )
 from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner
 from strom.storage.errors import KafkaStorageError, StorageError
+from strom.storage.future_log import FutureLog, resolve_interrupted_moves
 from strom.storage.log import (
     CLEAN_SHUTDOWN_FILE,
     InconsistentTopicIdError,
@@ -106,6 +107,8 @@ class LogManager:
         self._log_start_dirty: set[Path] = set()
         # Where an I/O error on a log dir takes it offline (shared by every log).
         self.log_dir_failure_channel = LogDirFailureChannel()
+        # Partitions being moved to another log dir (AlterReplicaLogDirs), with their copies.
+        self.future_logs: dict[tuple[str, int], FutureLog] = {}
 
     # --- the log dirs' locks ---------------------------------------------------------
 
@@ -143,6 +146,11 @@ class LogManager:
         self, config_for: Callable[[str], LogConfig], topic_ids: Mapping[str, uuid.UUID] | None = None
     ) -> None:
         """Load every partition directory, recovering those of a log dir that was not shut down cleanly."""
+        try:
+            resolve_interrupted_moves(self.log_dirs)
+        except OSError as e:
+            # The logs stay as they are (a duplicate is then reported by the load); say why.
+            log.error("could not resolve an interrupted log dir move", extra={"error": str(e)})
         for log_dir in self.log_dirs:
             try:
                 log_dir.mkdir(parents=True, exist_ok=True)
@@ -351,6 +359,24 @@ class LogManager:
     def delete_log(self, topic: str, partition: int) -> None:
         self.delete_logs(self.unregister_logs([(topic, partition)]))
 
+    def replace_log(self, old: Log, new_dir: Path) -> Log:
+        """Open the partition's log moved to ``new_dir`` (another log dir) and serve it in place
+        of the closed ``old`` (on the event loop, so that nothing appends meanwhile)."""
+        new = Log.open(
+            new_dir,
+            old.config,
+            topic_id=old.topic_id,
+            time_ms=self._time_ms,
+            log_start_offset=old.log_start_offset,
+            recovery_point=old.recovery_point,
+            had_clean_shutdown=True,  # closed (flushed, snapshotted) before it was copied
+        )
+        self._register(new)
+        if self.cleaner is not None:
+            self.cleaner.forget(old)
+        log.info("moved log", extra={"log": new.dir.name, "from": str(old.log_dir), "to": str(new.log_dir)})
+        return new
+
     def assign_topic_id(self, log_: Log, topic_id: uuid.UUID) -> None:
         """Record the topic id of a log whose partition.metadata was missing."""
         PartitionMetadataFile(log_.dir / PARTITION_METADATA).write(topic_id)
@@ -469,6 +495,8 @@ class LogManager:
 
     def shutdown(self) -> None:
         """Close every log, write the checkpoints and mark each log dir as cleanly shut down."""
+        for future in self.future_logs.values():
+            future.cancelled = True  # its copy stays behind as -future: the next startup removes it
         for log_ in self.all_logs():
             log_.close()
         for log_dir in self.log_dirs:

@@ -13,6 +13,7 @@ from strom.broker.handlers.configs import (
 from strom.broker.handlers.coordinator import handle_find_coordinator
 from strom.broker.handlers.delete_records import handle_delete_records
 from strom.broker.handlers.describe_topic_partitions import handle_describe_topic_partitions
+from strom.broker.handlers.elect_leaders import handle_elect_leaders
 from strom.broker.handlers.fetch import handle_fetch
 from strom.broker.handlers.groups import (
     handle_delete_groups,
@@ -31,6 +32,11 @@ from strom.broker.handlers.metadata import handle_metadata
 from strom.broker.handlers.offsets import handle_offset_commit, handle_offset_delete, handle_offset_fetch
 from strom.broker.handlers.produce import handle_produce
 from strom.broker.handlers.producer_id import handle_init_producer_id
+from strom.broker.handlers.reassignments import (
+    handle_alter_partition_reassignments,
+    handle_list_partition_reassignments,
+)
+from strom.broker.handlers.replica_log_dirs import handle_alter_replica_log_dirs
 from strom.broker.handlers.topics import handle_create_partitions, handle_create_topics, handle_delete_topics
 from strom.protocol.apis import ApiKey
 
@@ -64,4 +70,8 @@ HANDLERS: dict[ApiKey, Handler] = {
     ApiKey.DESCRIBE_CLUSTER: handle_describe_cluster,
     ApiKey.LIST_CONFIG_RESOURCES: handle_list_config_resources,
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: handle_describe_topic_partitions,
+    ApiKey.ALTER_REPLICA_LOG_DIRS: handle_alter_replica_log_dirs,
+    ApiKey.ELECT_LEADERS: handle_elect_leaders,
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: handle_alter_partition_reassignments,
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: handle_list_partition_reassignments,
 }

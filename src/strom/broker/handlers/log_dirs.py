@@ -1,5 +1,6 @@
 """DescribeLogDirs (35): each log dir with its error (KAFKA_STORAGE_ERROR when offline), its
-partitions and their sizes, and (v4+) the volume's total and usable bytes."""
+partitions and their sizes, and (v4+) the volume's total and usable bytes. A partition being moved
+here by AlterReplicaLogDirs shows its copy with is_future_key set."""
 
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ async def handle_describe_log_dirs(ctx: RequestContext, request: Any) -> Any:
                     is_future_key=False,
                 )
             )
+        for (topic, index), future in log_manager.future_logs.items():
+            # A move in progress to this dir: its copy, as Kafka's future replica.
+            if future.target_dir == log_dir and (wanted is None or (topic, index) in wanted):
+                by_topic[topic].append(
+                    build(
+                        r.DescribeLogDirsPartition,
+                        partition_index=index,
+                        partition_size=future.size_in_bytes,
+                        offset_lag=future.offset_lag(),
+                        is_future_key=True,
+                    )
+                )
         topics = tuple(
             build(
                 r.DescribeLogDirsTopic,

@@ -10,6 +10,7 @@ from strom.client.admin.types import (
     ConfigResource,
     ConfigResourceType,
     ConfigSource,
+    ElectionType,
     GroupDescription,
     GroupListing,
     ListOffsetsResult,
@@ -18,7 +19,9 @@ from strom.client.admin.types import (
     NewTopic,
     OffsetSpec,
     PartitionInfo,
+    PartitionReassignment,
     TopicDescription,
+    TopicPartitionReplica,
 )
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "ConfigResource",
     "ConfigResourceType",
     "ConfigSource",
+    "ElectionType",
     "GroupDescription",
     "GroupListing",
     "ListOffsetsResult",
@@ -39,5 +43,7 @@ __all__ = [
     "NewTopic",
     "OffsetSpec",
     "PartitionInfo",
+    "PartitionReassignment",
     "TopicDescription",
+    "TopicPartitionReplica",
 ]

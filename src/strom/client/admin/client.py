@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ from strom.client.admin.types import (
     ConfigResource,
     ConfigResourceType,
     ConfigSource,
+    ElectionType,
     GroupDescription,
     GroupListing,
     ListOffsetsResult,
@@ -36,7 +38,9 @@ from strom.client.admin.types import (
     NewTopic,
     OffsetSpec,
     PartitionInfo,
+    PartitionReassignment,
     TopicDescription,
+    TopicPartitionReplica,
 )
 from strom.client.cluster import TopicPartition
 from strom.client.config import ADMIN, resolve
@@ -730,3 +734,170 @@ class AsyncAdminClient:
         described = await self._call("DescribeCluster", ["cluster"], attempt, timeout)
         cluster: ClusterDescription = described["cluster"]
         return cluster
+
+    # -- cluster operations ----------------------------------------------------------------
+
+    async def elect_leaders(
+        self,
+        election_type: ElectionType,
+        partitions: Sequence[TopicPartition] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[TopicPartition, KafkaException | None]:
+        """ElectLeaders through the controller: each partition's outcome (None: elected). With
+        ``partitions`` None every partition is elected, and only those that needed it are named."""
+        limit = self._api_timeout if timeout is None else timeout
+
+        async def attempt(_keys: list[str]) -> dict[str, Any]:
+            response = await self._client.send(
+                await self._controller(),
+                lambda c: requests.elect_leaders(c, int(election_type), partitions, limit),
+                timeout=limit + self._client.request_timeout,
+            )
+            if response.error_code != ErrorCode.none:
+                return {"elect": _error(response.error_code, "ElectLeaders")}
+            outcomes: dict[TopicPartition, KafkaException | None] = {}
+            for t in response.replica_election_results:
+                for p in t.partition_result:
+                    tp = TopicPartition(t.topic, p.partition_id)
+                    outcomes[tp] = (
+                        None
+                        if p.error_code == ErrorCode.none
+                        else _error(p.error_code, f"partition {tp}", p.error_message)
+                    )
+            return {"elect": outcomes}
+
+        found = await self._call("ElectLeaders", ["elect"], attempt, timeout)
+        result: dict[TopicPartition, KafkaException | None] = found["elect"]
+        return result
+
+    async def alter_partition_reassignments(
+        self, reassignments: Mapping[TopicPartition, Sequence[int] | None], *, timeout: float | None = None
+    ) -> None:
+        """Start (target replicas) or cancel (None) the reassignment of each partition."""
+        limit = self._api_timeout if timeout is None else timeout
+
+        async def attempt(pending: list[TopicPartition]) -> dict[TopicPartition, Any]:
+            subset = {tp: reassignments[tp] for tp in pending}
+            response = await self._client.send(
+                await self._controller(),
+                lambda c: requests.alter_partition_reassignments(c, subset, limit),
+                timeout=limit + self._client.request_timeout,
+            )
+            if response.error_code != ErrorCode.none:
+                failed = _error(response.error_code, "AlterPartitionReassignments", response.error_message)
+                return dict.fromkeys(pending, failed)
+            return {
+                TopicPartition(t.name, p.partition_index): None
+                if p.error_code == ErrorCode.none
+                else _error(p.error_code, f"partition {t.name}-{p.partition_index}", p.error_message)
+                for t in response.responses
+                for p in t.partitions
+            }
+
+        await self._call("AlterPartitionReassignments", reassignments, attempt, timeout)
+
+    async def list_partition_reassignments(
+        self, partitions: Sequence[TopicPartition] | None = None, *, timeout: float | None = None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        """The reassignments in progress (of ``partitions``, or of every partition)."""
+        limit = self._api_timeout if timeout is None else timeout
+
+        async def attempt(_keys: list[str]) -> dict[str, Any]:
+            response = await self._client.send(
+                await self._controller(),
+                lambda c: requests.list_partition_reassignments(c, partitions, limit),
+            )
+            if response.error_code != ErrorCode.none:
+                return {
+                    "list": _error(response.error_code, "ListPartitionReassignments", response.error_message)
+                }
+            return {
+                "list": {
+                    TopicPartition(t.name, p.partition_index): PartitionReassignment(
+                        tuple(p.replicas), tuple(p.adding_replicas), tuple(p.removing_replicas)
+                    )
+                    for t in response.topics
+                    for p in t.partitions
+                }
+            }
+
+        found = await self._call("ListPartitionReassignments", ["list"], attempt, timeout)
+        result: dict[TopicPartition, PartitionReassignment] = found["list"]
+        return result
+
+    async def describe_topic_partitions(
+        self, topics: Sequence[str] = (), *, partition_limit: int = 2000, timeout: float | None = None
+    ) -> dict[str, TopicDescription]:
+        """DescribeTopicPartitions (KIP-966), page after page: ``topics`` (every topic when empty)."""
+
+        async def attempt(_keys: list[str]) -> dict[str, Any]:
+            node = self._client.least_loaded_node()
+            described: dict[str, Any] = {}
+            cursor: tuple[str, int] | None = None
+            while True:
+                response = await self._client.send(
+                    node,
+                    partial(
+                        requests.describe_topic_partitions,
+                        topics=topics,
+                        partition_limit=partition_limit,
+                        cursor=cursor,
+                    ),
+                )
+                for t in response.topics:
+                    if t.error_code != ErrorCode.none:
+                        described[t.name] = _error(t.error_code, f"topic '{t.name}'")
+                        continue
+                    previous = described.get(t.name)
+                    partitions = previous.partitions if isinstance(previous, TopicDescription) else []
+                    partitions += [
+                        PartitionInfo(
+                            p.partition_index,
+                            p.leader_id,
+                            tuple(p.replica_nodes),
+                            tuple(p.isr_nodes),
+                            tuple(p.offline_replicas),
+                        )
+                        for p in t.partitions
+                    ]
+                    described[t.name] = TopicDescription(t.name, t.topic_id, t.is_internal, partitions)
+                if response.next_cursor is None:
+                    return {"describe": described}
+                cursor = (response.next_cursor.topic_name, response.next_cursor.partition_index)
+
+        found = await self._call("DescribeTopicPartitions", ["describe"], attempt, timeout)
+        described: dict[str, Any] = found["describe"]
+        for name in topics:
+            if isinstance(described.get(name), KafkaException):
+                raise described[name]
+        return described
+
+    async def alter_replica_log_dirs(
+        self, moves: Mapping[TopicPartitionReplica, str], *, timeout: float | None = None
+    ) -> None:
+        """Move each replica's log to the named log dir of its broker (the move goes on in the
+        background: DescribeLogDirs shows it as a future replica until it completes)."""
+
+        async def send(
+            node_id: int, pending: list[TopicPartitionReplica]
+        ) -> dict[TopicPartitionReplica, Any]:
+            subset = {TopicPartition(r.topic, r.partition): moves[r] for r in pending}
+            response = await self._client.send(node_id, lambda c: requests.alter_replica_log_dirs(c, subset))
+            return {
+                TopicPartitionReplica(t.topic_name, p.partition_index, node_id): None
+                if p.error_code == ErrorCode.none
+                else _error(
+                    p.error_code, f"replica of {t.topic_name}-{p.partition_index} on broker {node_id}"
+                )
+                for t in response.results
+                for p in t.partitions
+            }
+
+        async def attempt(pending: list[TopicPartitionReplica]) -> dict[TopicPartitionReplica, Any]:
+            by_node: dict[int, list[TopicPartitionReplica]] = defaultdict(list)
+            for replica in pending:
+                by_node[replica.broker_id].append(replica)
+            return await self._fan_out(by_node, send)
+
+        await self._call("AlterReplicaLogDirs", moves, attempt, timeout)

@@ -327,3 +327,91 @@ def describe_cluster(connection: BrokerConnection) -> Any:
         endpoint_type=BROKERS_ENDPOINT_TYPE,
         include_fenced_brokers=False,
     )
+
+
+# -- cluster operations (leaders, reassignments, log dirs) ------------------------------------
+
+
+def elect_leaders(
+    connection: BrokerConnection,
+    election_type: int,
+    partitions: Sequence[TopicPartition] | None,
+    timeout: float,
+) -> Any:
+    m = request_module(ApiKey.ELECT_LEADERS, connection.version(ApiKey.ELECT_LEADERS, 2, 0))
+    return build(
+        m.ElectLeadersRequest,
+        election_type=election_type,
+        topic_partitions=None
+        if partitions is None
+        else tuple(
+            m.TopicPartitions(topic=topic, partitions=tuple(ps))
+            for topic, ps in _by_topic(partitions).items()
+        ),
+        timeout=_ms(timeout),
+    )
+
+
+def alter_partition_reassignments(
+    connection: BrokerConnection, reassignments: Mapping[TopicPartition, Sequence[int] | None], timeout: float
+) -> Any:
+    m = request_module(
+        ApiKey.ALTER_PARTITION_REASSIGNMENTS, connection.version(ApiKey.ALTER_PARTITION_REASSIGNMENTS, 1, 0)
+    )
+    by_topic: dict[str, list[Any]] = defaultdict(list)
+    for tp, replicas in reassignments.items():
+        by_topic[tp.topic].append(
+            m.ReassignablePartition(
+                partition_index=tp.partition, replicas=None if replicas is None else tuple(replicas)
+            )
+        )
+    return build(
+        m.AlterPartitionReassignmentsRequest,
+        timeout=_ms(timeout),
+        topics=tuple(m.ReassignableTopic(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
+    )
+
+
+def list_partition_reassignments(
+    connection: BrokerConnection, partitions: Sequence[TopicPartition] | None, timeout: float
+) -> Any:
+    m = request_module(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0)
+    return m.ListPartitionReassignmentsRequest(
+        timeout=_ms(timeout),
+        topics=None
+        if partitions is None
+        else tuple(
+            m.ListPartitionReassignmentsTopics(name=t, partition_indexes=tuple(ps))
+            for t, ps in _by_topic(partitions).items()
+        ),
+    )
+
+
+def describe_topic_partitions(
+    connection: BrokerConnection, topics: Sequence[str], partition_limit: int, cursor: tuple[str, int] | None
+) -> Any:
+    m = request_module(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0)
+    return m.DescribeTopicPartitionsRequest(
+        topics=tuple(m.TopicRequest(name=t) for t in topics),
+        response_partition_limit=partition_limit,
+        cursor=None if cursor is None else m.Cursor(topic_name=cursor[0], partition_index=cursor[1]),
+    )
+
+
+def alter_replica_log_dirs(connection: BrokerConnection, moves: Mapping[TopicPartition, str]) -> Any:
+    m = request_module(ApiKey.ALTER_REPLICA_LOG_DIRS, connection.version(ApiKey.ALTER_REPLICA_LOG_DIRS, 2, 1))
+    by_dir: dict[str, list[TopicPartition]] = defaultdict(list)
+    for tp, path in moves.items():
+        by_dir[path].append(tp)
+    return m.AlterReplicaLogDirsRequest(
+        dirs=tuple(
+            m.AlterReplicaLogDir(
+                path=path,
+                topics=tuple(
+                    m.AlterReplicaLogDirTopic(name=t, partitions=tuple(ps))
+                    for t, ps in _by_topic(tps).items()
+                ),
+            )
+            for path, tps in by_dir.items()
+        )
+    )

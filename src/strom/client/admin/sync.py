@@ -12,16 +12,20 @@ from strom.client.admin.types import (
     ClusterDescription,
     ConfigEntry,
     ConfigResource,
+    ElectionType,
     GroupDescription,
     GroupListing,
     ListOffsetsResult,
     NewPartitions,
     NewTopic,
     OffsetSpec,
+    PartitionReassignment,
     TopicDescription,
+    TopicPartitionReplica,
 )
 from strom.client.cluster import TopicPartition
 from strom.client.consumer.structs import OffsetAndMetadata
+from strom.client.errors import KafkaException
 from strom.client.loop_thread import EventLoopThread
 
 
@@ -164,3 +168,34 @@ class AdminClient:
 
     def describe_cluster(self, *, timeout: float | None = None) -> ClusterDescription:
         return self._io.run(self._admin.describe_cluster(timeout=timeout))
+
+    def elect_leaders(
+        self,
+        election_type: ElectionType,
+        partitions: Sequence[TopicPartition] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[TopicPartition, KafkaException | None]:
+        return self._io.run(self._admin.elect_leaders(election_type, partitions, timeout=timeout))
+
+    def alter_partition_reassignments(
+        self, reassignments: Mapping[TopicPartition, Sequence[int] | None], *, timeout: float | None = None
+    ) -> None:
+        self._io.run(self._admin.alter_partition_reassignments(reassignments, timeout=timeout))
+
+    def list_partition_reassignments(
+        self, partitions: Sequence[TopicPartition] | None = None, *, timeout: float | None = None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        return self._io.run(self._admin.list_partition_reassignments(partitions, timeout=timeout))
+
+    def describe_topic_partitions(
+        self, topics: Sequence[str] = (), *, partition_limit: int = 2000, timeout: float | None = None
+    ) -> dict[str, TopicDescription]:
+        return self._io.run(
+            self._admin.describe_topic_partitions(topics, partition_limit=partition_limit, timeout=timeout)
+        )
+
+    def alter_replica_log_dirs(
+        self, moves: Mapping[TopicPartitionReplica, str], *, timeout: float | None = None
+    ) -> None:
+        self._io.run(self._admin.alter_replica_log_dirs(moves, timeout=timeout))

@@ -206,3 +206,29 @@ class ClusterDescription:
     cluster_id: str | None
     controller: Node | None
     nodes: list[Node]
+
+
+class ElectionType(enum.IntEnum):
+    """ElectLeaders' election types (Kafka's ElectionType)."""
+
+    PREFERRED = 0
+    UNCLEAN = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReassignment:
+    """A reassignment in progress (ListPartitionReassignments): every replica, and which of them
+    it adds and removes."""
+
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPartitionReplica:
+    """One broker's replica of a partition (what AlterReplicaLogDirs moves)."""
+
+    topic: str
+    partition: int
+    broker_id: int
