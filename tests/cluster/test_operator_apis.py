@@ -5,7 +5,6 @@ partition whose replica is down."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -25,11 +24,6 @@ pytestmark = pytest.mark.cluster
 CLUSTER = {"overrides": {"zookeeper.session.timeout.ms": "8000"}}
 
 STROM = Path(sys.executable).parent / "strom"
-# A replica that rejoins (or newly joins) an ISR has to fetch from its leader: follower fetching.
-needs_replication = pytest.mark.skipif(
-    importlib.util.find_spec("strom.broker.replica_fetcher") is None,
-    reason="followers do not fetch yet (replication is not merged)",
-)
 
 
 def admin(cluster: Cluster) -> AdminClient:
@@ -87,8 +81,6 @@ def test_elect_leaders_after_a_bounce(cluster: Cluster) -> None:
             early = client.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)])
             refused = early[TopicPartition(topic, 0)]
             assert refused is not None and refused.error_code == 80  # PREFERRED_LEADER_NOT_AVAILABLE
-        if importlib.util.find_spec("strom.broker.replica_fetcher") is None:
-            return  # the rest needs the follower to catch up and rejoin the ISR
         produce_one(cluster, topic)
         cluster.wait_for_full_isr(topic, [0])
         outcome = client.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)])
@@ -98,7 +90,6 @@ def test_elect_leaders_after_a_bounce(cluster: Cluster) -> None:
     assert done.returncode == 0, done.stderr
 
 
-@needs_replication
 def test_reassignment_from_1_2_to_2_3_completes(cluster: Cluster, tmp_path: Path) -> None:
     topic = "reassign"
     cluster.create_topic(topic, assignments={0: [1, 2]})
@@ -162,8 +153,6 @@ def test_describe_lists_under_replicated_partitions_while_a_broker_is_down(clust
     )
     assert int(under.split(":")[1]) >= 2
     cluster.start_broker(3)
-    if importlib.util.find_spec("strom.broker.replica_fetcher") is None:
-        return  # rejoining the ISR needs follower fetching
     cluster.wait_for_full_isr(topic, [0, 1])
     after = strom(cluster, "topics", "describe", "--topic", topic, "--under-replicated-partitions")
     assert after.stdout.strip() == ""

@@ -51,7 +51,7 @@ def _decide(ctx: RequestContext, topic: str, partition: int, election_type: int)
         return ErrorCode.unknown_topic_or_partition, f"No such partition as {topic}-{partition}"
     cluster = ctx.broker.cluster
     live = {ctx.broker.node_id} if cluster is None else set(cluster.live_brokers)
-    leader = partition_view(ctx.broker.replica_manager, state, p).leader
+    leader = partition_view(ctx.broker.replica_manager, cluster, topic, p).leader
     has_leader = leader >= 0 and leader in live
     if election_type == UNCLEAN:
         if has_leader:
