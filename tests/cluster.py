@@ -10,7 +10,10 @@ loopback address (broker N on 127.0.0.(10 + N)), all data under one folder.
 Faults per broker: ``kill`` (SIGKILL), ``stop_broker`` (SIGTERM), ``pause``/``resume``
 (SIGSTOP/SIGCONT: its sockets stay open and nothing answers), ``restart``. With
 ``zookeeper_proxies=True`` each broker reaches ZooKeeper through its own ``NetProxy``
-(``cluster.zk_proxy(n).blackhole()`` cuts that broker off ZooKeeper alone).
+(``cluster.zk_proxy(n).blackhole()`` cuts that broker off ZooKeeper alone). With
+``zookeeper_nodes=3`` ZooKeeper is a quorum of three (``cluster.zookeeper`` is a
+``ZooKeeperEnsemble`` whose nodes die and restart one by one); each broker then has one proxy
+per ZooKeeper node, and ``cut_zookeeper(n)`` / ``heal_zookeeper(n)`` act on all of them.
 
 Two views of the cluster's state: ``partition_state`` / ``controller_id`` read ZooKeeper, the
 truth the controller writes; ``metadata`` asks a broker, which is what clients see. The
@@ -33,7 +36,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError
 from kio.schema.create_topics.v7 import request as create_topics7
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import request as metadata12
@@ -43,6 +46,7 @@ from kafka_wire import REQUEST_TIMEOUT, ZERO_UUID, KafkaWire
 from netproxy import NetProxy
 from strom.broker.zk import znodes
 from strom.cli.local_cluster import ZooKeeperServer, broker_host, log_tail
+from zkserver import ZooKeeperEnsemble
 
 T = TypeVar("T")
 
@@ -137,11 +141,17 @@ class Cluster:
         broker_overrides: Mapping[int, Mapping[str, str]] | None = None,
         zookeeper_proxies: bool = False,
         zookeeper_tick_ms: int = 200,
+        zookeeper_nodes: int = 1,
         ready_timeout: float = 30.0,
     ) -> None:
         self.folder = folder
-        self.zookeeper = ZooKeeperServer(folder / "zookeeper", tick_ms=zookeeper_tick_ms)
-        self._zk_proxies: dict[int, NetProxy] = {}
+        self.zookeeper: ZooKeeperServer | ZooKeeperEnsemble = (
+            ZooKeeperServer(folder / "zookeeper", tick_ms=zookeeper_tick_ms)
+            if zookeeper_nodes == 1
+            else ZooKeeperEnsemble(folder / "zookeeper", zookeeper_nodes, tick_ms=zookeeper_tick_ms)
+        )
+        # Per broker, one proxy per ZooKeeper node (the order of zookeeper.connect).
+        self._zk_proxies: dict[int, list[NetProxy]] = {}
         self._use_zk_proxies = zookeeper_proxies
         self._overrides = {**CLUSTER_TEST_CONFIG, **(overrides or {})}
         self._broker_overrides = {n: dict(o) for n, o in (broker_overrides or {}).items()}
@@ -154,8 +164,8 @@ class Cluster:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def _broker_configs(self, broker_id: int) -> dict[str, str]:
-        proxy = self._zk_proxies.get(broker_id)
-        connect = proxy.address if proxy is not None else self.zookeeper.connect
+        proxies = self._zk_proxies.get(broker_id)
+        connect = ",".join(p.address for p in proxies) if proxies else self.zookeeper.connect
         return {
             **self._overrides,
             **self._broker_overrides.get(broker_id, {}),
@@ -171,7 +181,9 @@ class Cluster:
             self.zookeeper.start()
             for n in self.broker_ids:
                 if self._use_zk_proxies:
-                    self._zk_proxies[n] = NetProxy(self.zookeeper.connect).start()
+                    self._zk_proxies[n] = [
+                        NetProxy(node).start() for node in self.zookeeper.connect.split(",")
+                    ]
                 host = broker_host(n)
                 self.brokers[n] = BrokerProcess(
                     self.folder / f"broker-{n}",
@@ -209,8 +221,9 @@ class Cluster:
 
         with ThreadPoolExecutor(max(1, len(self.brokers))) as pool:
             list(pool.map(down, self.brokers.values()))
-        for proxy in self._zk_proxies.values():
-            proxy.stop()
+        for proxies in self._zk_proxies.values():
+            for proxy in proxies:
+                proxy.stop()
         self.zookeeper.stop()
 
     def __enter__(self) -> Cluster:
@@ -227,8 +240,19 @@ class Cluster:
         return self.brokers[broker_id]
 
     def zk_proxy(self, broker_id: int) -> NetProxy:
-        """The proxy on broker ``broker_id``'s link to ZooKeeper (``zookeeper_proxies=True``)."""
-        return self._zk_proxies[broker_id]
+        """The proxy on broker ``broker_id``'s link to ZooKeeper (``zookeeper_proxies=True``; with
+        an ensemble, its link to the first node)."""
+        return self._zk_proxies[broker_id][0]
+
+    def cut_zookeeper(self, broker_id: int) -> None:
+        """Blackhole broker ``broker_id``'s links to every ZooKeeper node: a network partition
+        between it and ZooKeeper (its session expires after zookeeper.session.timeout.ms)."""
+        for proxy in self._zk_proxies[broker_id]:
+            proxy.blackhole()
+
+    def heal_zookeeper(self, broker_id: int) -> None:
+        for proxy in self._zk_proxies[broker_id]:
+            proxy.pass_through()
 
     def kill(self, broker_id: int) -> None:
         """SIGKILL: a crash. Its ZooKeeper session lives on until it times out."""
@@ -269,8 +293,9 @@ class Cluster:
         """Undo what an earlier (maybe failed) test left: resume the paused, start the stopped."""
         for n in list(self.paused):
             self.resume(n)
-        for proxy in self._zk_proxies.values():
-            proxy.pass_through()
+        for proxies in self._zk_proxies.values():
+            for proxy in proxies:
+                proxy.pass_through()
         for broker in self.brokers.values():
             if not broker.running:
                 broker.start()
@@ -415,13 +440,14 @@ class Cluster:
         interval: float = 0.1,
     ) -> T:
         """Poll ``condition`` until it returns something truthy, and return that. Exceptions
-        count as "not yet" (a broker may be between lives); the last one is in the failure."""
+        count as "not yet" (a broker may be between lives, the test's own ZooKeeper session
+        expired with a quorum lost); the last one is in the failure."""
         deadline = time.monotonic() + timeout
         last: object = None
         while True:
             try:
                 value = condition()
-            except (OSError, ConnectionError, AssertionError, KeyError) as exc:
+            except (OSError, ConnectionError, AssertionError, KeyError, KazooException) as exc:
                 value, last = None, exc
             else:
                 last = value
