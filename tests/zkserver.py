@@ -71,12 +71,8 @@ class ZooKeeperEnsemble:
 
     def __init__(self, folder: Path, nodes: int = 3, tick_ms: int = 200) -> None:
         self.folder = folder
-        servers = [
-            f"server.{n}={HOST}:{free_port(HOST)}:{free_port(HOST)}" for n in range(1, nodes + 1)
-        ]
-        self.nodes = {
-            n: QuorumPeer(folder / f"zk-{n}", n, servers, tick_ms) for n in range(1, nodes + 1)
-        }
+        servers = [f"server.{n}={HOST}:{free_port(HOST)}:{free_port(HOST)}" for n in range(1, nodes + 1)]
+        self.nodes = {n: QuorumPeer(folder / f"zk-{n}", n, servers, tick_ms) for n in range(1, nodes + 1)}
 
     @property
     def connect(self) -> str:

@@ -149,7 +149,9 @@ def test_leader_partitioned_from_zookeeper_truncates_its_acks1_writes(cluster: C
         # fetch those (a follower still fetching from it would truncate them later just the same).
         for n in followers:
             cluster.wait_for(
-                lambda n=n: cluster.metadata(topic, via=n).partition(topic, 0).leader_epoch >= new.leader_epoch,
+                lambda n=n: (
+                    cluster.metadata(topic, via=n).partition(topic, 0).leader_epoch >= new.leader_epoch
+                ),
                 f"broker {n} following the new leader",
             )
         with KafkaWire.connect(cluster.address(leader)) as wire:

@@ -158,11 +158,17 @@ def test_create_topics_writes_kafkas_znodes_and_states_apply(
     assert all(sorted(r) == [1, 2] for r in topic["partitions"].values())
     config = json.loads(zk.get(znodes.topic_config_path("replicated"))[0])
     assert config == {"version": 1, "config": {"retention.ms": "86400000"}}
-    # Every broker sees the leaders and ISRs the controller wrote.
+    # Every broker sees the leaders and ISRs the controller wrote. CreateTopics returns once the
+    # broker that took it sees them; the other one applies the same znodes a moment later.
     for broker in brokers:
-        metadata = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics("replicated", timeout=10)
-        partitions = metadata.topics["replicated"].partitions
-        assert sorted(partitions) == [0, 1, 2, 3]
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+
+        def sees_leaders(admin: AdminClient = admin) -> bool:
+            partitions = admin.list_topics("replicated", timeout=10).topics["replicated"].partitions
+            return sorted(partitions) == [0, 1, 2, 3] and all(p.leader >= 0 for p in partitions.values())
+
+        _wait(sees_leaders, what=f"{broker.bootstrap} seeing the leaders")
+        partitions = admin.list_topics("replicated", timeout=10).topics["replicated"].partitions
         for p, partition in partitions.items():
             assert partition.leader == topic["partitions"][str(p)][0]
             assert sorted(partition.isrs) == [1, 2]
@@ -306,5 +312,10 @@ def test_a_crashed_broker_registers_again_once_its_old_session_expires(
         timeout=2 * SESSION_TIMEOUT_MS / 1000 + 10,
         what="the new session's registration",
     )
-    metadata = AdminClient({"bootstrap.servers": brokers[1].bootstrap}).list_topics("durable", timeout=10)
-    assert sorted(metadata.brokers) == [1, 2]
+    # Its own registration reaches its view through its watch, a moment after the create.
+    admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    _wait(
+        lambda: sorted(admin.list_topics("durable", timeout=10).brokers) == [1, 2],
+        what="the restarted broker listing both brokers",
+    )
+    metadata = admin.list_topics("durable", timeout=10)

@@ -267,10 +267,12 @@ class ZkControlPlane:
         log.info("registered in ZooKeeper", extra={"broker": self.node_id, "path": path})
 
     def _on_session(self, state: str) -> None:
+        if self._closing:
+            return  # closing the session reports it lost too; that is no expiry
         if state == SessionState.EXPIRED:
             log.warning("ZooKeeper session expired", extra={"broker": self.node_id})
             self._session_expired = True
-        elif state == SessionState.CONNECTED and self._session_expired and not self._closing:
+        elif state == SessionState.CONNECTED and self._session_expired:
             # A new session: the old one's ephemeral registration is gone, register again.
             self._session_expired = False
             if self._registration is not None:
