@@ -46,6 +46,8 @@ from kafka_wire import REQUEST_TIMEOUT, ZERO_UUID, KafkaWire
 from netproxy import NetProxy
 from strom.broker.zk import znodes
 from strom.cli.local_cluster import ZooKeeperServer, broker_host, log_tail
+from strom.records.batch import InvalidBatchError
+from strom.records.codec import decode_batches
 from zkserver import ZooKeeperEnsemble
 
 T = TypeVar("T")
@@ -366,6 +368,33 @@ class Cluster:
         """The replica assignment of ``topic`` (partition -> replicas in preference order)."""
         found = self._get(znodes.topic_path(topic))
         return znodes.TopicZNode.decode(found[0]).partitions if found is not None else {}
+
+    def replica_log(self, broker_id: int, topic: str, partition: int = 0) -> dict[int, bytes | None] | None:
+        """offset -> value in broker ``broker_id``'s copy of a partition, read from its segment
+        files (what ``strom dump-log`` prints); None while a batch is half written."""
+        folder = self.brokers[broker_id].data_dir / f"{topic}-{partition}"
+        records: dict[int, bytes | None] = {}
+        for segment in sorted(folder.glob("*.log")):
+            try:
+                batches = decode_batches(segment.read_bytes())
+            except (InvalidBatchError, FileNotFoundError):  # written or rolled as we read
+                return None
+            for batch in batches:
+                for record in batch.records:
+                    records[record.offset] = record.value
+        return records
+
+    def wait_for_identical_replicas(self, topic: str, partitions: Iterable[int]) -> None:
+        """Until every replica of each partition holds the same records at the same offsets (call
+        it with writes stopped): no offset holds two values, none is missing on a replica."""
+        for p in partitions:
+            replicas = self.assignment(topic).get(p, self.broker_ids)
+
+            def identical(p: int = p, replicas: list[int] = replicas) -> bool:
+                logs = [self.replica_log(n, topic, p) for n in replicas]
+                return all(log is not None and log == logs[0] for log in logs)
+
+            self.wait_for(identical, f"every replica of {topic}-{p} holding the same records")
 
     # -- what clients see --------------------------------------------------------------------
 

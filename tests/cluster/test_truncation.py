@@ -14,7 +14,6 @@ shrink cannot be written. Healed, it finds its session expired, registers again,
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError
@@ -26,8 +25,7 @@ from kafka_wire import LATEST, KafkaWire
 from strom.client import Consumer as StromConsumer
 from strom.client import OffsetAndMetadata, TopicPartition
 from strom.client.consumer import LogTruncationError
-from strom.records.batch import InvalidBatchError
-from strom.records.codec import RecordSpec, decode_batches, encode_batch
+from strom.records.codec import RecordSpec, encode_batch
 
 pytestmark = pytest.mark.cluster
 
@@ -37,21 +35,6 @@ TOPIC = "truncation"
 
 def batch(*values: bytes) -> bytes:
     return encode_batch([RecordSpec(key=None, value=v) for v in values])
-
-
-def replica_log(cluster: Cluster, broker_id: int, topic: str = TOPIC) -> dict[int, bytes | None]:
-    """offset -> value in broker ``broker_id``'s copy of the partition, read from its segments."""
-    folder = Path(cluster.broker(broker_id).data_dir) / f"{topic}-0"
-    records: dict[int, bytes | None] = {}
-    for segment in sorted(folder.glob("*.log")):
-        try:
-            batches = decode_batches(segment.read_bytes())
-        except InvalidBatchError:  # a batch half written as we read: look again later
-            return {}
-        for record_batch in batches:
-            for record in record_batch.records:
-                records[record.offset] = record.value
-    return records
 
 
 def test_old_leader_truncates_what_it_alone_had(cluster: Cluster) -> None:
@@ -95,7 +78,7 @@ def test_old_leader_truncates_what_it_alone_had(cluster: Cluster) -> None:
     expected = dict(enumerate([*committed, *fresh]))
     for n in (1, 2, 3):
         cluster.wait_for(
-            lambda n=n: replica_log(cluster, n) == expected, f"broker {n}'s log equal to the leader's"
+            lambda n=n: cluster.replica_log(n, TOPIC) == expected, f"broker {n}'s log equal to the leader's"
         )
     with KafkaWire.connect(cluster.address(new.leader)) as wire:
         assert wire.list_offset(TOPIC, LATEST) == len(expected)
@@ -178,7 +161,7 @@ def test_leader_partitioned_from_zookeeper_truncates_its_acks1_writes(cluster: C
     expected = dict(enumerate([*committed, *fresh]))
     for n in (1, 2, 3):
         cluster.wait_for(
-            lambda n=n: replica_log(cluster, n, topic) == expected, f"broker {n}'s log equal to the leader's"
+            lambda n=n: cluster.replica_log(n, topic) == expected, f"broker {n}'s log equal to the leader's"
         )
 
     # KIP-320 with Strom's own client: a position in the old epoch past where that epoch ends on

@@ -318,4 +318,3 @@ def test_a_crashed_broker_registers_again_once_its_old_session_expires(
         lambda: sorted(admin.list_topics("durable", timeout=10).brokers) == [1, 2],
         what="the restarted broker listing both brokers",
     )
-    metadata = admin.list_topics("durable", timeout=10)

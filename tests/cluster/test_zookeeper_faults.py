@@ -52,7 +52,7 @@ def zk_leader(cluster: Cluster) -> int:
 @contextlib.contextmanager
 def traffic(cluster: Cluster, topic: str) -> Iterator[KeyedProducer]:
     """A topic (3 partitions, RF 3, min.insync 2) with a producer and a consumer running; on a
-    clean exit, every acknowledged record is checked."""
+    clean exit, every acknowledged record is checked, and every replica's log."""
     # Registered in ZooKeeper is not yet seen by every broker (its watch fires a moment later):
     # the broker creating the topic must count three live brokers.
     cluster.wait_for(
@@ -66,6 +66,8 @@ def traffic(cluster: Cluster, topic: str) -> Iterator[KeyedProducer]:
             producer.wait_for_progress(cluster, records=20, timeout=30)
             yield producer
         consumer.wait_for(cluster, producer.acked)
+    # Whoever led or was cut off meanwhile: each partition's replicas agree, offset by offset.
+    cluster.wait_for_identical_replicas(topic, range(3))
     assert producer.failed == [], producer.failed[:5]
     check_delivery(producer.acked, consumer.records)
     epochs.check()
