@@ -433,9 +433,10 @@ class Cluster:
         configs: Mapping[str, str] | None = None,
         assignments: Mapping[int, list[int]] | None = None,
         timeout: float = 30.0,
+        via: int | None = None,
     ) -> None:
-        """CreateTopics v7 through a live broker; returns once every partition has a leader
-        whose broker agrees it leads (so clients can produce at once)."""
+        """CreateTopics v7 through broker ``via`` (default: the first live one); returns once
+        every partition has a leader whose broker agrees it leads (so clients can produce at once)."""
         topic = create_topics7.CreatableTopic(
             name=name,
             num_partitions=partitions if assignments is None else -1,
@@ -448,7 +449,7 @@ class Cluster:
                 create_topics7.CreatableTopicConfig(name=k, value=v) for k, v in (configs or {}).items()
             ),
         )
-        n = self.live_ids()[0]
+        n = via if via is not None else self.live_ids()[0]
         with KafkaWire(self.brokers[n].host, self.brokers[n].port, timeout=timeout) as wire:
             response = wire.request(
                 create_topics7.CreateTopicsRequest(topics=(topic,), timeout=REQUEST_TIMEOUT)

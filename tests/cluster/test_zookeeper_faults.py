@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster import RECOVERY_TIMEOUT, SESSION_TIMEOUT_MS, Cluster
+from cluster import RECOVERY_TIMEOUT, SESSION_TIMEOUT_MS, Cluster, ClusterError
 from cluster_workload import EpochWatcher, KeyedProducer, TailingConsumer, check_delivery
 from zkserver import ZooKeeperEnsemble, server_mode
 
@@ -131,6 +131,34 @@ def test_quorum_lost_then_back(cluster: Cluster) -> None:
         assert_no_broker_exited(cluster)
 
 
+def test_a_short_cut_keeps_the_session(cluster: Cluster) -> None:
+    """A broker cut off ZooKeeper for less than its session: kazoo reconnects with the same
+    session, nothing expires or moves, and what changed meanwhile reaches it (a topic born then,
+    with a replica on it)."""
+    topic = "zk-short-cut"
+    with traffic(cluster, topic) as producer:
+        controller = cluster.wait_for_controller()
+        cut = next(n for n in cluster.broker_ids if n != controller)
+        states = {p: cluster.partition_state(topic, p) for p in range(3)}
+        broker_epoch = cluster.broker_epoch(cut)
+        other = next(n for n in cluster.broker_ids if n not in (controller, cut))
+        cluster.cut_zookeeper(cut)
+        cut_at = time.monotonic()
+        try:
+            # Replicas on it, but not as leader: the topic is ready without it.
+            born = {0: [controller, other, cut], 1: [other, controller, cut]}
+            cluster.create_topic(f"{topic}-born", assignments=born, via=controller)
+            time.sleep(max(0.0, SESSION_TIMEOUT_MS / 1000 / 2 - (time.monotonic() - cut_at)))
+        finally:
+            cluster.heal_zookeeper(cut)
+        assert time.monotonic() - cut_at < SESSION_TIMEOUT_MS / 1000 * 0.8, "cut too long to be short"
+        cluster.wait_for_full_isr(f"{topic}-born", range(2))  # its replicas there caught up
+        producer.wait_for_progress(cluster, timeout=RECOVERY_TIMEOUT)
+        assert cluster.broker_epoch(cut) == broker_epoch
+        assert {p: cluster.partition_state(topic, p) for p in range(3)} == states
+        assert "session expired" not in cluster.broker(cut).log_tail(200).lower()
+
+
 def test_every_broker_cut_off_zookeeper_past_its_session(cluster: Cluster) -> None:
     """ZooKeeper lost from every broker's side for longer than a session (the quorum itself
     lives, so every session expires: all registrations and /controller go at once). The leaders
@@ -187,12 +215,33 @@ def test_session_expiry_of_a_partitioned_broker(cluster: Cluster, victim: str) -
                 )
             # Clients find the new leaders; acks=all goes on with the two brokers left.
             producer.wait_for_progress(cluster, timeout=RECOVERY_TIMEOUT)
+            if victim == "broker":
+                # An admin write through the cut-off broker waits for ZooKeeper, yet its client
+                # gets an answer within the request's timeout (REQUEST_TIMED_OUT: whether it will
+                # be made is unknown), not a closed connection or silence.
+                with pytest.raises(ClusterError, match="error 7 "):
+                    cluster.create_topic(f"{topic}-lost", partitions=1, replication_factor=2, via=cut)
+            # A topic born while it is away (on the two others: it is not registered).
+            others = [n for n in cluster.broker_ids if n != cut]
+            cluster.create_topic(f"{topic}-born", partitions=2, replication_factor=2, via=others[0])
         finally:
             cluster.heal_zookeeper(cut)
 
         cluster.wait_for_registered([cut], timeout=RECOVERY_TIMEOUT)
         assert cluster.broker_epoch(cut) != old_broker_epoch  # a new session, a new broker epoch
         whole_again(cluster, topic)
+        # Its watches came back with the new session: it knows the topic born meanwhile.
+        cluster.wait_for(
+            lambda: (
+                all(
+                    info.leader >= 0
+                    for (name, _), info in cluster.metadata(f"{topic}-born", via=cut).partitions.items()
+                    if name == f"{topic}-born"
+                )
+                and len(cluster.metadata(f"{topic}-born", via=cut).partitions) == 2
+            ),
+            f"broker {cut} knowing {topic}-born",
+        )
         if victim == "controller":
             assert cluster.controller_id() != cut
         producer.wait_for_progress(cluster, timeout=RECOVERY_TIMEOUT)

@@ -77,6 +77,12 @@ class MetadataWaitTimeout(TimeoutError):
     show within the request's timeout; Kafka answers REQUEST_TIMED_OUT then."""
 
 
+class ZooKeeperUnavailableError(MetadataWaitTimeout):
+    """An admin write met a lost ZooKeeper connection or session (kazoo's ConnectionLoss,
+    SessionExpiredError): whether it was made is unknown. Kafka's request would wait for
+    ZooKeeper and time out; the answer is REQUEST_TIMED_OUT, as for MetadataWaitTimeout."""
+
+
 @dataclasses.dataclass(slots=True)
 class _TopicWatches:
     watches: list[Watch] = dataclasses.field(default_factory=list)
