@@ -199,6 +199,7 @@ def test_session_expiry_of_a_partitioned_broker(cluster: Cluster, victim: str) -
             leaders = {cluster.wait_for_leader(topic, p).leader for p in range(3)}
             cut = next(n for n in cluster.broker_ids if n != controller and n in leaders)
         old_broker_epoch = cluster.broker_epoch(cut)
+        log_size = cluster.broker(cut).log_path.stat().st_size
 
         cluster.cut_zookeeper(cut)
         try:
@@ -244,5 +245,8 @@ def test_session_expiry_of_a_partitioned_broker(cluster: Cluster, victim: str) -
         )
         if victim == "controller":
             assert cluster.controller_id() != cut
+            # It learnt of the expiry on reconnecting and resigned (before anything else).
+            since = cluster.broker(cut).log_path.read_bytes()[log_size:].decode(errors="replace")
+            assert "reason=session expired" in since, cluster.broker(cut).log_tail(60)
         producer.wait_for_progress(cluster, timeout=RECOVERY_TIMEOUT)
         assert_no_broker_exited(cluster)
