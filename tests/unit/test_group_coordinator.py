@@ -51,19 +51,19 @@ class RecordingManager:
     def partition_of(self, group_id: str) -> TopicPartition:
         return TopicPartition("__consumer_offsets", 0)
 
-    def store_group(self, group: Any) -> AppendOutcome:
+    async def store_group(self, group: Any) -> AppendOutcome:
         return AppendOutcome(ErrorCode.none)
 
-    def store_offsets(self, group_id: str, offsets: Any) -> AppendOutcome:
+    async def store_offsets(self, group_id: str, offsets: Any) -> AppendOutcome:
         return AppendOutcome(ErrorCode.none)
 
-    def delete_offsets(self, group_id: str, tps: Any) -> AppendOutcome:
+    async def delete_offsets(self, group_id: str, tps: Any) -> AppendOutcome:
         tps = list(tps)
         if tps:
             self.deleted_offsets.append((group_id, tps))
         return AppendOutcome(ErrorCode.none)
 
-    def delete_group(self, group: Any) -> AppendOutcome:
+    async def delete_group(self, group: Any) -> AppendOutcome:
         self.deleted_groups.append(group.group_id)
         return AppendOutcome(ErrorCode.none)
 
@@ -82,7 +82,7 @@ def make_coordinator() -> tuple[GroupCoordinator, Clock, RecordingManager]:
     return coordinator, clock, manager
 
 
-def commit(
+async def commit(
     coordinator: GroupCoordinator,
     group: str,
     clock: Clock,
@@ -94,7 +94,7 @@ def commit(
 ) -> None:
     expire = clock.now + expire_after_ms if expire_after_ms is not None else -1
     offsets = {tp: OffsetAndMetadata(10, -1, "", clock.now, expire) for tp in tps}
-    errors = coordinator.commit_offsets(group, generation, member, None, offsets, 8)
+    errors = await coordinator.commit_offsets(group, generation, member, None, offsets, 8)
     assert set(errors.values()) == {ErrorCode.none}, errors
 
 
@@ -138,37 +138,40 @@ def remaining(coordinator: GroupCoordinator, group: str) -> set[TopicPartition]:
 
 
 def test_standalone_offsets_expire_one_retention_after_their_own_commit() -> None:
-    coordinator, clock, manager = make_coordinator()
-    commit(coordinator, "solo", clock, [SUBSCRIBED])
-    clock.now += 2 * HOUR
-    commit(coordinator, "solo", clock, [OTHER])
-    clock.now = T0 + RETENTION_MS - 1
-    assert coordinator.expire_offsets() == 0
-    clock.now = T0 + RETENTION_MS
-    assert coordinator.expire_offsets() == 1
-    assert remaining(coordinator, "solo") == {OTHER}
-    clock.now = T0 + 2 * HOUR + RETENTION_MS
-    assert coordinator.expire_offsets() == 1
-    assert manager.deleted_offsets == [("solo", [SUBSCRIBED]), ("solo", [OTHER])]
-    # Nothing left: the group itself goes.
-    assert coordinator.group("solo") is None
+    async def scenario() -> None:
+        coordinator, clock, manager = make_coordinator()
+        await commit(coordinator, "solo", clock, [SUBSCRIBED])
+        clock.now += 2 * HOUR
+        await commit(coordinator, "solo", clock, [OTHER])
+        clock.now = T0 + RETENTION_MS - 1
+        assert await coordinator.expire_offsets() == 0
+        clock.now = T0 + RETENTION_MS
+        assert await coordinator.expire_offsets() == 1
+        assert remaining(coordinator, "solo") == {OTHER}
+        clock.now = T0 + 2 * HOUR + RETENTION_MS
+        assert await coordinator.expire_offsets() == 1
+        assert manager.deleted_offsets == [("solo", [SUBSCRIBED]), ("solo", [OTHER])]
+        # Nothing left: the group itself goes.
+        assert coordinator.group("solo") is None
+
+    asyncio.run(scenario())
 
 
 def test_an_empty_group_expires_its_offsets_one_retention_after_it_became_empty() -> None:
     async def scenario() -> None:
         coordinator, clock, manager = make_coordinator()
         member, generation = await stable_member(coordinator, "g")
-        commit(coordinator, "g", clock, [SUBSCRIBED, OTHER], generation=generation, member=member)
+        await commit(coordinator, "g", clock, [SUBSCRIBED, OTHER], generation=generation, member=member)
         clock.now += 3 * HOUR  # the member keeps consuming; it leaves three hours after its last commit
-        coordinator.leave_group("g", [(member, None)])
+        await coordinator.leave_group("g", [(member, None)])
         await asyncio.sleep(0.01)  # the rebalance that empties the group
         group = coordinator.group("g")
         assert group is not None and group.state.value == "Empty"
         emptied_at = clock.now
         clock.now = T0 + RETENTION_MS  # a retention after the commits, not after the group emptied
-        assert coordinator.expire_offsets() == 0
+        assert await coordinator.expire_offsets() == 0
         clock.now = emptied_at + RETENTION_MS
-        assert coordinator.expire_offsets() == 2
+        assert await coordinator.expire_offsets() == 2
         assert remaining(coordinator, "g") == set()
         assert manager.deleted_groups == ["g"]
         assert coordinator.group("g") is None
@@ -181,9 +184,9 @@ def test_a_stable_consumer_group_expires_only_offsets_of_topics_it_does_not_subs
     async def scenario() -> None:
         coordinator, clock, manager = make_coordinator()
         member, generation = await stable_member(coordinator, "g")
-        commit(coordinator, "g", clock, [SUBSCRIBED, OTHER], generation=generation, member=member)
+        await commit(coordinator, "g", clock, [SUBSCRIBED, OTHER], generation=generation, member=member)
         clock.now += 10 * RETENTION_MS
-        assert coordinator.expire_offsets() == 1
+        assert await coordinator.expire_offsets() == 1
         assert remaining(coordinator, "g") == {SUBSCRIBED}
         assert manager.deleted_groups == []
         coordinator.shutdown()
@@ -195,27 +198,32 @@ def test_a_group_of_another_protocol_with_members_expires_nothing() -> None:
     async def scenario() -> None:
         coordinator, clock, _ = make_coordinator()
         member, generation = await stable_member(coordinator, "connect-group", protocol_type="connect")
-        commit(coordinator, "connect-group", clock, [SUBSCRIBED, OTHER], generation=generation, member=member)
+        await commit(
+            coordinator, "connect-group", clock, [SUBSCRIBED, OTHER], generation=generation, member=member
+        )
         clock.now += 10 * RETENTION_MS
-        assert coordinator.expire_offsets() == 0
+        assert await coordinator.expire_offsets() == 0
         coordinator.shutdown()
 
     asyncio.run(scenario())
 
 
 def test_an_explicit_retention_time_replaces_the_retention_rule() -> None:
-    coordinator, clock, _ = make_coordinator()
-    commit(coordinator, "solo", clock, [SUBSCRIBED], expire_after_ms=1000)
-    commit(coordinator, "solo", clock, [OTHER], expire_after_ms=RETENTION_MS * 2)
-    clock.now += 999
-    assert coordinator.expire_offsets() == 0
-    clock.now += 1
-    assert coordinator.expire_offsets() == 1
-    # Longer than offsets.retention.minutes: the explicit time still decides.
-    clock.now = T0 + RETENTION_MS + HOUR
-    assert coordinator.expire_offsets() == 0
-    clock.now = T0 + 2 * RETENTION_MS
-    assert coordinator.expire_offsets() == 1
+    async def scenario() -> None:
+        coordinator, clock, _ = make_coordinator()
+        await commit(coordinator, "solo", clock, [SUBSCRIBED], expire_after_ms=1000)
+        await commit(coordinator, "solo", clock, [OTHER], expire_after_ms=RETENTION_MS * 2)
+        clock.now += 999
+        assert await coordinator.expire_offsets() == 0
+        clock.now += 1
+        assert await coordinator.expire_offsets() == 1
+        # Longer than offsets.retention.minutes: the explicit time still decides.
+        clock.now = T0 + RETENTION_MS + HOUR
+        assert await coordinator.expire_offsets() == 0
+        clock.now = T0 + 2 * RETENTION_MS
+        assert await coordinator.expire_offsets() == 1
+
+    asyncio.run(scenario())
 
 
 def test_an_explicit_retention_time_does_not_expire_a_subscribed_topic_of_a_stable_group() -> None:
@@ -223,7 +231,7 @@ def test_an_explicit_retention_time_does_not_expire_a_subscribed_topic_of_a_stab
     async def scenario() -> None:
         coordinator, clock, _ = make_coordinator()
         member, generation = await stable_member(coordinator, "g")
-        commit(
+        await commit(
             coordinator,
             "g",
             clock,
@@ -233,7 +241,7 @@ def test_an_explicit_retention_time_does_not_expire_a_subscribed_topic_of_a_stab
             expire_after_ms=1000,
         )
         clock.now += 2000
-        assert coordinator.expire_offsets() == 1
+        assert await coordinator.expire_offsets() == 1
         assert remaining(coordinator, "g") == {SUBSCRIBED}
         coordinator.shutdown()
 
