@@ -246,3 +246,111 @@ def test_an_explicit_retention_time_does_not_expire_a_subscribed_topic_of_a_stab
         coordinator.shutdown()
 
     asyncio.run(scenario())
+
+
+class GatedManager(RecordingManager):
+    """Every write waits until the test releases it (as a write waits for the ISR in a cluster),
+    then ends with the error the test gives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, asyncio.Future[ErrorCode]]] = []
+
+    def load(self, partitions: Any = None) -> dict[str, Any]:
+        return {}
+
+    async def _write(self, kind: str) -> AppendOutcome:
+        gate: asyncio.Future[ErrorCode] = asyncio.get_running_loop().create_future()
+        self.writes.append((kind, gate))
+        return AppendOutcome(await gate)
+
+    async def store_group(self, group: Any) -> AppendOutcome:
+        return await self._write("group")
+
+    async def store_offsets(self, group_id: str, offsets: Any) -> AppendOutcome:
+        return await self._write(f"offsets {next(iter(offsets.values())).offset}")
+
+
+def gated_coordinator() -> tuple[GroupCoordinator, Clock, GatedManager]:
+    coordinator, clock, _ = make_coordinator()
+    manager = GatedManager()
+    coordinator._manager = manager  # type: ignore[assignment]
+    return coordinator, clock, manager
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_a_commit_takes_effect_once_written_and_commits_of_a_group_apply_in_order() -> None:
+    async def scenario() -> None:
+        coordinator, clock, manager = gated_coordinator()
+        coordinator.startup()
+
+        def committing(offset: int) -> asyncio.Task[dict[TopicPartition, ErrorCode]]:
+            offsets = {SUBSCRIBED: OffsetAndMetadata(offset, -1, "", clock.now)}
+            return asyncio.ensure_future(coordinator.commit_offsets("solo", -1, "", None, offsets, 8))
+
+        first, second = committing(10), committing(20)
+        await settle()
+        # The second write waits for the first: one write of a group at a time.
+        assert [kind for kind, _ in manager.writes] == ["offsets 10"]
+        assert coordinator.fetch_offsets("solo", [SUBSCRIBED]) == {SUBSCRIBED: None}
+        manager.writes[0][1].set_result(ErrorCode.none)
+        await settle()
+        assert await first == {SUBSCRIBED: ErrorCode.none}
+        assert [kind for kind, _ in manager.writes] == ["offsets 10", "offsets 20"]
+        assert coordinator.fetch_offsets("solo", [SUBSCRIBED])[SUBSCRIBED].offset == 10  # type: ignore[union-attr]
+        # A failed write changes nothing in memory.
+        manager.writes[1][1].set_result(ErrorCode.coordinator_not_available)
+        assert await second == {SUBSCRIBED: ErrorCode.coordinator_not_available}
+        assert coordinator.fetch_offsets("solo", [SUBSCRIBED])[SUBSCRIBED].offset == 10  # type: ignore[union-attr]
+        coordinator.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_unloading_a_group_answers_its_waiting_requests_not_coordinator() -> None:
+    async def scenario() -> None:
+        coordinator, clock, manager = gated_coordinator()
+        coordinator._follows_leadership = True
+        coordinator.startup()
+        offsets_tp = TopicPartition("__consumer_offsets", 0)
+        coordinator.on_become_leader(offsets_tp, 0)
+        joined = await coordinator.join_group(
+            JoinRequest(
+                group_id="g",
+                member_id="",
+                group_instance_id=None,
+                client_id="c",
+                client_host="/127.0.0.1",
+                session_timeout_ms=RETENTION_MS,
+                rebalance_timeout_ms=1000,
+                protocol_type="consumer",
+                protocols=[("range", subscription(SUBSCRIBED.topic))],
+                require_known_member_id=False,
+                supports_skip_assignment=True,
+            )
+        )
+        syncing = asyncio.ensure_future(
+            coordinator.sync_group(
+                "g", joined.generation_id, joined.member_id, None, None, None, {joined.member_id: b"a"}
+            )
+        )
+        committing = asyncio.ensure_future(
+            coordinator.commit_offsets(
+                "g", joined.generation_id, joined.member_id, None, {OTHER: OffsetAndMetadata(5, -1, "", 0)}, 8
+            )
+        )
+        await settle()
+        assert [kind for kind, _ in manager.writes] == ["group"]  # the assignment waits for the ISR
+        coordinator.on_become_follower(offsets_tp)
+        manager.writes[0][1].set_result(ErrorCode.not_coordinator)  # leadership went with the partition
+        assert (await asyncio.wait_for(syncing, 5)).error == ErrorCode.not_coordinator
+        # The commit was refused while the group was completing its rebalance, before any write.
+        assert await committing == {OTHER: ErrorCode.rebalance_in_progress}
+        assert coordinator.coordinator_error("g") == ErrorCode.not_coordinator
+        coordinator.shutdown()
+
+    asyncio.run(scenario())
