@@ -313,7 +313,7 @@ def test_a_commit_takes_effect_once_written_and_commits_of_a_group_apply_in_orde
 
 def test_unloading_a_group_answers_its_waiting_requests_not_coordinator() -> None:
     async def scenario() -> None:
-        coordinator, clock, manager = gated_coordinator()
+        coordinator, _, manager = gated_coordinator()
         coordinator._follows_leadership = True
         coordinator.startup()
         offsets_tp = TopicPartition("__consumer_offsets", 0)
