@@ -164,7 +164,11 @@ class BrokerServer:
                 offsets_retention_ms=config.offsets_retention_minutes * 60_000,
                 offset_metadata_max_bytes=config.offset_metadata_max_bytes,
             ),
-            GroupMetadataManager(self.replica_manager, config.offsets_topic_num_partitions),
+            GroupMetadataManager(
+                self.replica_manager,
+                config.offsets_topic_num_partitions,
+                commit_timeout_ms=config.offsets_commit_timeout_ms,
+            ),
             self._request_offsets_topic,
             # In a cluster the coordinator owns the groups of the offsets partitions this broker leads.
             follows_leadership=config.in_cluster,
@@ -438,7 +442,7 @@ class BrokerServer:
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.delete_pending_files)
 
     async def _expire_group_offsets(self) -> None:
-        self.group_coordinator.expire_offsets()
+        await self.group_coordinator.expire_offsets()
 
     async def _flush(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.flush_dirty_logs)
@@ -551,7 +555,10 @@ class BrokerServer:
             del self._hosted[name]
             for tp in [tp for tp in self._applied if tp.topic == name]:
                 del self._applied[tp]
-            self.group_coordinator.on_topic_deleted(name)
+            # Its offsets' tombstones wait for the ISR: meanwhile partition states keep applying.
+            task = asyncio.ensure_future(self.group_coordinator.on_topic_deleted(name))
+            self._admin_tasks.add(task)
+            task.add_done_callback(self._admin_done)
             await self.replica_manager.stop_replicas(hosted)
             log.info("deleted the replicas of a deleted topic", extra={"topic": name})
         if topic is None:
@@ -746,7 +753,7 @@ class BrokerServer:
             if topic is None:
                 return None
             self.local_plane.apply(name)
-            self.group_coordinator.on_topic_deleted(name)
+            await self.group_coordinator.on_topic_deleted(name)
             await self.replica_manager.stop_replicas(topic)
             await self.local_plane.finish_deletion([topic.topic_id])
         log.info("deleted topic", extra={"topic": name})
