@@ -848,8 +848,7 @@ class KafkaConfig:
         self.offsets_topic_segment_bytes: int = self._int("offsets.topic.segment.bytes")
         self.offset_metadata_max_bytes: int = self._int("offset.metadata.max.bytes")
 
-        connect = self._str("zookeeper.connect")
-        self.zookeeper_connect: str | None = connect or None
+        self.zookeeper_connect: str | None = self._str("zookeeper.connect") or None
         self.zookeeper_session_timeout_ms: int = self._int("zookeeper.session.timeout.ms")
         self.zookeeper_connection_timeout_ms: int = (
             self._int("zookeeper.connection.timeout.ms")
