@@ -149,7 +149,6 @@ class BrokerServer:
         # A cluster's controller (the broker contends for /controller) and the partition states
         # this broker applied, (leader epoch, partition epoch) per partition, by topic.
         self.controller: Controller | None = None
-        self._apply_task: asyncio.Task[None] | None = None
         self._applied: dict[TopicPartition, tuple[int, int]] = {}
         self._hosted: dict[str, TopicState] = {}
         self._dirty_topics: set[str] = set()
@@ -487,8 +486,7 @@ class BrokerServer:
         host, port = self.advertised_endpoint()
         listener = self.config.advertised_client_listener()
         await cluster.register(cluster.registration([(listener.name, host, port)]))
-        self._apply_task = asyncio.get_running_loop().create_task(self._apply_cluster_changes())
-        self._tasks.append(self._apply_task)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._apply_cluster_changes()))
         for topic in cluster.image.topics():
             self._topic_changed(topic.name)
         self.controller = Controller(cluster.zk, self.node_id, self.config)
@@ -503,6 +501,10 @@ class BrokerServer:
         if self.config.controlled_shutdown_enable and self.controller is not None:
             cluster = self.cluster
             timeout_s = self.config.zookeeper_session_timeout_ms / 1000 + 10
+            # Stop following first (Kafka's controller sends the leaving broker StopReplica): a
+            # follower that fetched on would be taken back into an ISR the controller just left.
+            if self.replica_manager.fetchers is not None:
+                await self.replica_manager.fetchers.shutdown()
 
             async def attempt() -> bool:
                 return await request_controlled_shutdown(cluster.zk, self.node_id, timeout_s)
@@ -514,11 +516,6 @@ class BrokerServer:
                 "controlled shutdown",
             ):
                 log.warning("controlled shutdown did not complete; shutting down anyway")
-            # Leadership has moved: stop following, so no leader takes this broker back into its ISR.
-            if self._apply_task is not None:
-                self._apply_task.cancel()
-            if self.replica_manager.fetchers is not None:
-                await self.replica_manager.fetchers.shutdown()
         if self.controller is not None:
             await self.controller.stop()
 
