@@ -16,9 +16,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -401,10 +402,12 @@ def measure_latency(
     count: int,
     timeout: float,
     end_to_end: bool = True,
+    producer_config: Mapping[str, Any] | None = None,
 ) -> Latency:
     """Produces `count` records of `size` bytes at `rate` records/s with linger.ms=0 and records each
     one's produce->ack latency (delivery report) and, with `end_to_end`, produce->consume latency
-    seen by a consumer reading the same partition. Each payload starts with its send time
+    seen by a consumer reading the same partition. `producer_config` adds to or overrides the
+    producer's settings. Each payload starts with its send time
     (perf_counter_ns), so no per-record bookkeeping is needed."""
     stamp = struct.Struct(">q")
     if size < stamp.size:
@@ -435,6 +438,7 @@ def measure_latency(
             "enable.idempotence": False,
             "socket.nagle.disable": True,
             "on_delivery": delivered,
+            **(producer_config or {}),
         }
     )
 

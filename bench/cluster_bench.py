@@ -47,6 +47,12 @@ DEFAULT_RECORDS = {100: 2_000_000, 1024: 400_000}
 # Kafka's published single-producer figures (one producer thread, 100 B records, no replication vs
 # 3x synchronous replication): 821,557 and 421,823 records/s.
 KAFKA_RATIO = 421_823 / 821_557
+# The latency probes' producers keep at most 5 requests in flight per connection, the Java client's
+# default (librdkafka's is 1,000,000). A broker answers a connection's requests one at a time, and
+# at acks=all each waits for the followers' next fetch; with linger.ms=0 and no bound, librdkafka
+# sends every record as a request of its own and a backlog of one-record requests builds up at the
+# broker. With the bound, records wait in the client and leave batched, as Kafka's own producer does.
+LATENCY_PRODUCER_CONFIG = {"max.in.flight.requests.per.connection": 5}
 
 
 @dataclass(frozen=True)
@@ -271,6 +277,7 @@ def measure_spread_latency(
         "socket.nagle.disable": True,
         "log_level": 4,
         "on_delivery": delivered,
+        **LATENCY_PRODUCER_CONFIG,
     }
     clients = [Producer(config) for _ in range(producers)]
     stop = threading.Event()
@@ -363,6 +370,7 @@ def headline(
             settings.latency_rate,
             settings.latency_records,
             timeout=settings.latency_records / settings.latency_rate * 3 + 30,
+            producer_config=LATENCY_PRODUCER_CONFIG,
         )
         benchlib.create_topic(bootstrap, base, replication_factor=setup.replication_factor, timeout=60)
         throughput = run_producers(
