@@ -106,6 +106,7 @@ class Settings:
     latency_rate: float
     latency_records: int
     repeat: int
+    sweep_repeat: int
     timeout: float
     profile: bool
     profile_seconds: float
@@ -403,7 +404,8 @@ def matrix_point(
 ) -> None:
     """RF 3 acks=all on a topic of `partitions`: `connections` rdkafka_performance producers at
     once, then the paced latency probe with as many producers."""
-    size, records = settings.matrix_size, settings.matrix_records
+    # Beyond 100 partitions a run would take minutes at the rate one producer reaches: fewer records.
+    size, records = settings.matrix_size, int(settings.matrix_records * min(1.0, 100 / partitions))
     topic = f"m-p{partitions}-c{connections}-r{repetition}"
     log(
         f"  RF 3 acks=all, {size_label(size)}, {partitions:,} partitions, {connections} producers: {records:,} records"
@@ -431,7 +433,7 @@ def matrix_point(
             -1,
             settings.latency_rate,
             settings.latency_records,
-            timeout=settings.latency_records / settings.latency_rate * 3 + 60,
+            timeout=settings.latency_records / settings.latency_rate * 2 + 20,
         )
     except BenchError as exc:
         log(f"    FAILED: {exc}")
@@ -627,7 +629,7 @@ def render(
     lines += [
         "",
         f"### Partitions and producer connections (cluster, RF 3, acks=all, {size_label(settings.matrix_size)}, "
-        f"{settings.matrix_records:,} records)",
+        f"{settings.matrix_records:,} records, x 100 / partitions beyond 100; medians of {settings.sweep_repeat})",
         "",
         "Throughput: one rdkafka_performance producer, its partitioner spreading records over the "
         "partitions (`-p 0` for one partition); for N connections, N rdkafka_performance processes at "
@@ -712,13 +714,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sizes", default="1024,100", help="record sizes of the headline runs")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every record count")
-    parser.add_argument("--repeat", type=int, default=2, help="repetitions of every scenario (medians)")
+    parser.add_argument("--repeat", type=int, default=2, help="repetitions of the headline runs (medians)")
+    parser.add_argument("--sweep-repeat", type=int, default=1, help="repetitions of the sweeps' runs")
     parser.add_argument("--partitions", default="1,100,1000", help="partition counts (one producer)")
     parser.add_argument("--connections", default="1,10,100", help="producer connection counts")
     parser.add_argument(
         "--connection-partitions", type=int, default=1, help="partitions of the connections sweep's topic"
     )
-    parser.add_argument("--matrix-records", type=int, default=200_000, help="records per sweep run")
+    parser.add_argument(
+        "--matrix-records",
+        type=int,
+        default=150_000,
+        help="records per sweep run (x 100 / partitions beyond 100 partitions)",
+    )
     parser.add_argument("--latency-rate", type=float, default=1000, help="latency probe records/s")
     parser.add_argument("--latency-records", type=int, default=3000, help="latency probe records")
     parser.add_argument("--timeout", type=float, default=240, help="seconds allowed per producer run")
@@ -740,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
         latency_rate=args.latency_rate,
         latency_records=max(100, int(args.latency_records * min(1.0, args.scale * 3))),
         repeat=args.repeat,
+        sweep_repeat=args.sweep_repeat,
         timeout=args.timeout,
         profile=not args.no_profile,
         profile_seconds=args.profile_seconds,
@@ -802,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
                             heads[(setup, size)],
                             repetition,
                         )
-            for repetition in range(settings.repeat):
+            for repetition in range(settings.sweep_repeat):
                 for count in settings.partitions:
                     matrix_point(
                         count, 1, brokers, cluster.bootstrap, settings, run_dir, partitions[count], repetition
