@@ -520,7 +520,8 @@ def profiled_run(
 
 def thread_shares(path: Path) -> tuple[int, dict[str, int]]:
     """Total samples and samples per thread (py-spy --threads puts the thread as the first frame)."""
-    total, threads = 0, {}
+    total = 0
+    threads: dict[str, int] = {}
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
@@ -663,10 +664,10 @@ def render(
     if failures:
         lines += ["", "Failed runs:", ""] + [f"- {name}: {failure}" for name, failure in failures]
     if profiles:
-        rate = f"{fmt(profile_throughput.records_per_second, 0)} msg/s" if profile_throughput else "failed"
+        sampled = f"{fmt(profile_throughput.records_per_second, 0)} msg/s" if profile_throughput else "failed"
         lines += [
             "",
-            f"### Where the time goes: py-spy on the leader and a follower (RF 3, acks=all, 1 KiB; {rate} "
+            f"### Where the time goes: py-spy on the leader and a follower (RF 3, acks=all, 1 KiB; {sampled} "
             "while sampled)",
             "",
             "py-spy 0.4.3 `record --threads --nonblocking --rate 200 --format raw`, attached to both "
