@@ -812,11 +812,16 @@ def main(argv: list[str] | None = None) -> int:
                             heads[(setup, size)],
                             repetition,
                         )
+            # The profile and the connections sweep come before the partition sweep: every follower
+            # fetch carries every partition it follows, so the sweep's 1,000-partition topic would
+            # weigh on every later run.
+            if settings.profile:
+                log("profile: RF 3 acks=all with py-spy on the leader and a follower")
+                try:
+                    profiles, profile_throughput = profiled_run(cluster, brokers, settings, run_dir)
+                except BenchError as exc:
+                    log(f"    profile FAILED: {exc}")
             for repetition in range(settings.sweep_repeat):
-                for count in settings.partitions:
-                    matrix_point(
-                        count, 1, brokers, cluster.bootstrap, settings, run_dir, partitions[count], repetition
-                    )
                 for count in settings.connections:
                     if count == 1 and settings.connection_partitions in partitions:
                         continue  # the same run as the partitions sweep's
@@ -830,12 +835,10 @@ def main(argv: list[str] | None = None) -> int:
                         connections[count],
                         repetition,
                     )
-            if settings.profile:
-                log("profile: RF 3 acks=all with py-spy on the leader and a follower")
-                try:
-                    profiles, profile_throughput = profiled_run(cluster, brokers, settings, run_dir)
-                except BenchError as exc:
-                    log(f"    profile FAILED: {exc}")
+                for count in settings.partitions:
+                    matrix_point(
+                        count, 1, brokers, cluster.bootstrap, settings, run_dir, partitions[count], repetition
+                    )
     except (BenchError, LocalClusterError) as exc:
         log(f"cluster_bench: {exc}")
         return 1
