@@ -486,7 +486,7 @@ class BrokerServer:
         host, port = self.advertised_endpoint()
         listener = self.config.advertised_client_listener()
         await cluster.register(cluster.registration([(listener.name, host, port)]))
-        self._tasks.append(asyncio.get_running_loop().create_task(self._apply_cluster_changes()))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._apply_cluster_changes(cluster)))
         for topic in cluster.image.topics():
             self._topic_changed(topic.name)
         self.controller = Controller(cluster.zk, self.node_id, self.config)
@@ -529,7 +529,7 @@ class BrokerServer:
         # Nothing to apply: Metadata, FindCoordinator and the fetchers read live_brokers directly.
         pass
 
-    async def _apply_cluster_changes(self) -> None:
+    async def _apply_cluster_changes(self, cluster: ZkControlPlane) -> None:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
@@ -537,6 +537,7 @@ class BrokerServer:
                 name = self._dirty_topics.pop()
                 try:
                     await self._apply_topic(name)
+                    cluster.signal_change()  # create_topic waits for this broker's leaderships
                 except Exception:
                     log.exception("applying a topic's state failed; retrying", extra={"topic": name})
                     self._dirty_topics.add(name)
@@ -631,10 +632,31 @@ class BrokerServer:
                     self.config.default_replication_factor if replication_factor == -1 else replication_factor
                 )
                 assignment = self.cluster.assignment(num_partitions, rf)
-            return await self._admin(
-                self.cluster.create_topic(name, assignment, configs, self._timeout_s(timeout_ms))
-            )
+            timeout_s = self._timeout_s(timeout_ms)
+            deadline = time.monotonic() + timeout_s
+            topic_id = await self._admin(self.cluster.create_topic(name, assignment, configs, timeout_s))
+            # As Kafka answers once the topic's leaders are in the handling broker's metadata: here
+            # also once this broker leads the partitions ZooKeeper gives it (so the Metadata it serves
+            # next names them), within what is left of the timeout.
+            if not await self.cluster.wait_until(
+                lambda: self._leads_its_partitions(name), deadline - time.monotonic()
+            ):
+                raise MetadataWaitTimeout(f"topic {name} was created, but its leaders are not ready yet")
+            return topic_id
         return (await self._admin(self._create_topic(name, num_partitions, configs))).topic_id
+
+    def _leads_its_partitions(self, name: str) -> bool:
+        """Every partition of ``name`` that ZooKeeper says this broker leads, it leads already."""
+        topic = self.control_plane.image.topic(name)
+        if topic is None:
+            return False
+        for state in topic.partitions:
+            if state.leader != self.node_id:
+                continue
+            local = self.replica_manager.partition(TopicPartition(name, state.partition))
+            if local is None or not local.is_leader or local.leader_epoch < state.leader_epoch:
+                return False
+        return True
 
     async def delete_topic(self, name: str, timeout_ms: int | None = None) -> TopicState | None:
         if self.cluster is not None:
