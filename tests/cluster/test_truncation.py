@@ -23,6 +23,11 @@ from strom.records.codec import RecordSpec, decode_batches, encode_batch
 pytestmark = pytest.mark.cluster
 
 TOPIC = "truncation"
+# The followers' freeze must not cost them the ISR (the new leader comes from it).
+CLUSTER = {"overrides": {"replica.lag.time.max.ms": "5000"}}
+# Longer than replica.fetch.wait.max.ms: a fetch a follower sent before its freeze is answered
+# (empty) before the orphans arrive, so no copy of them sits in a frozen follower's socket.
+FETCH_DRAIN_S = 0.5
 
 
 def batch(*values: bytes) -> bytes:
@@ -58,9 +63,10 @@ def test_old_leader_truncates_what_it_alone_had(cluster: Cluster) -> None:
     old_epoch = cluster.partition_state(TOPIC, 0).leader_epoch  # type: ignore[union-attr]
 
     # Followers frozen for well under replica.lag.time.max.ms: the ISR stays whole, yet they never
-    # fetch what the leader takes now.
+    # fetch what the leader takes now (no fetch of theirs is outstanding: FETCH_DRAIN_S).
     for n in followers:
         cluster.pause(n)
+    time.sleep(FETCH_DRAIN_S)
     try:
         with KafkaWire.connect(cluster.address(leader)) as wire:
             orphan = wire.produce(TOPIC, batch(b"orphan-0", b"orphan-1", b"orphan-2"), acks=1)
