@@ -54,6 +54,7 @@ bench: $(INSTALLED)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,spark,bench]'  # py-spy profiles the clients
 	bash bench/setup.sh
 	$(PYTHON) bench/broker_bench.py --write-results
+	$(PYTHON) bench/cluster_bench.py --write-results
 	$(PYTHON) bench/idle_connections.py --write-results
 	$(PYTHON) bench/loop_lag.py --write-results
 	$(PYTHON) bench/cleaner_bench.py --write-results

@@ -16,9 +16,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -221,11 +222,20 @@ def api_versions(sock: socket.socket, correlation_id: int) -> None:
         raise ConnectionError(f"ApiVersions failed: correlation id {got_id}, error code {error_code}")
 
 
-def create_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> None:
-    """Creates a one-partition topic and waits until metadata shows partition 0 with a leader."""
+def create_topic(
+    bootstrap: str,
+    topic: str,
+    timeout: float = 30.0,
+    partitions: int = 1,
+    replication_factor: int = 1,
+) -> None:
+    """Creates a topic and waits until metadata shows every partition with a leader and a full ISR
+    (so an acks=all run does not start while followers are still joining)."""
     # log_level 4 hides the informational "purging unserved events" line at destruction.
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
-    futures = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)]
+    )
     try:
         futures[topic].result(timeout)
     except Exception as exc:
@@ -234,12 +244,22 @@ def create_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> None:
     while time.monotonic() < deadline:
         metadata = admin.list_topics(topic, timeout=5)
         described = metadata.topics.get(topic)
-        if described is not None and described.error is None:
-            partition = described.partitions.get(0)
-            if partition is not None and partition.leader >= 0 and len(described.partitions) == 1:
-                return
+        if (
+            described is not None
+            and described.error is None
+            and len(described.partitions) == partitions
+            and all(
+                # The ISR only where there are followers: a single broker's (Tansu's) may be reported empty.
+                p.leader >= 0 and (replication_factor == 1 or len(p.isrs) == replication_factor)
+                for p in described.partitions.values()
+            )
+        ):
+            return
         time.sleep(0.1)
-    raise BenchError(f"topic {topic} has no leader for partition 0 after {timeout:.0f} s")
+    raise BenchError(
+        f"topic {topic}: not every partition has a leader and {replication_factor} in-sync replicas "
+        f"after {timeout:.0f} s"
+    )
 
 
 # --- rdkafka_performance ----------------------------------------------------------------------------
@@ -270,13 +290,16 @@ class Throughput:
         return self.broker_cpu_seconds / (self.payload_bytes / 1e9)
 
 
-def produce_args(bootstrap: str, topic: str, size: int, count: int, acks: int) -> list[str]:
+def produce_args(
+    bootstrap: str, topic: str, size: int, count: int, acks: int, partition: int | None = 0
+) -> list[str]:
+    """Producer arguments; `partition=None` leaves the choice to the partitioner (random per record
+    without keys), spreading the records over every partition of the topic."""
     return [
         "-P",
         "-t",
         topic,
-        "-p",
-        "0",
+        *(["-p", str(partition)] if partition is not None else []),
         "-s",
         str(size),
         "-c",
@@ -295,12 +318,15 @@ def consume_args(bootstrap: str, topic: str, count: int) -> list[str]:
 
 
 def run_rdkafka_performance(
-    broker: Broker, args: Sequence[str], expect: int, timeout: float, log_path: Path
+    broker: Broker | Sequence[Broker], args: Sequence[str], expect: int, timeout: float, log_path: Path
 ) -> Throughput:
-    """Runs rdkafka_performance once, measuring the broker's CPU time around it, and checks that
-    exactly `expect` records were delivered (produce) or received (consume)."""
-    broker.check_alive()
-    cpu_before = broker.cpu_seconds()
+    """Runs rdkafka_performance once, measuring the CPU time of the broker (or of every broker of a
+    cluster) around it, and checks that exactly `expect` records were delivered (produce) or
+    received (consume)."""
+    brokers = [broker] if isinstance(broker, Broker) else list(broker)
+    for each in brokers:
+        each.check_alive()
+    cpu_before = sum(each.cpu_seconds() for each in brokers)
     try:
         done = subprocess.run(
             [str(RDKAFKA_PERFORMANCE), *args],
@@ -314,11 +340,23 @@ def run_rdkafka_performance(
         output = exc.stdout if isinstance(exc.stdout, str) else (exc.stdout or b"").decode(errors="replace")
         log_path.write_text(output)
         raise BenchError(f"rdkafka_performance timed out after {timeout:.0f} s (output: {log_path})") from exc
-    cpu = broker.cpu_seconds() - cpu_before
+    cpu = sum(each.cpu_seconds() for each in brokers) - cpu_before
     log_path.write_text(done.stdout + done.stderr)
-    broker.check_alive()
+    for each in brokers:
+        each.check_alive()
+    count, payload_bytes, seconds = parse_rdkafka_performance(args, done.stdout, expect, log_path)
+    if done.returncode != 0:
+        raise BenchError(f"rdkafka_performance exited with {done.returncode} (output: {log_path})")
+    return Throughput(count, payload_bytes, seconds, cpu)
+
+
+def parse_rdkafka_performance(
+    args: Sequence[str], stdout: str, expect: int, log_path: Path
+) -> tuple[int, int, float]:
+    """(records, payload bytes, seconds) from rdkafka_performance's last summary line; raises
+    unless exactly `expect` records were delivered without failure (produce) or received (consume)."""
     if args[0] == "-P":
-        matches = PRODUCED.findall(done.stdout)
+        matches = PRODUCED.findall(stdout)
         if not matches:
             raise BenchError(f"no producer summary from rdkafka_performance (output: {log_path})")
         _, _, delivered, failed, millis = (int(x) for x in matches[-1])
@@ -328,16 +366,13 @@ def run_rdkafka_performance(
             )
         count = delivered
     else:
-        matches = CONSUMED.findall(done.stdout)
+        matches = CONSUMED.findall(stdout)
         if not matches:
             raise BenchError(f"no consumer summary from rdkafka_performance (output: {log_path})")
         count, _, millis = (int(x) for x in matches[-1])
         if count != expect:
             raise BenchError(f"consumed {count} of {expect} records (output: {log_path})")
-    if done.returncode != 0:
-        raise BenchError(f"rdkafka_performance exited with {done.returncode} (output: {log_path})")
-    payload_bytes = int(matches[-1][1])
-    return Throughput(count, payload_bytes, max(millis, 1) / 1000, cpu)
+    return count, int(matches[-1][1]), max(millis, 1) / 1000
 
 
 # --- latency probe ----------------------------------------------------------------------------------
@@ -369,10 +404,12 @@ def measure_latency(
     count: int,
     timeout: float,
     end_to_end: bool = True,
+    producer_config: Mapping[str, Any] | None = None,
 ) -> Latency:
     """Produces `count` records of `size` bytes at `rate` records/s with linger.ms=0 and records each
     one's produce->ack latency (delivery report) and, with `end_to_end`, produce->consume latency
-    seen by a consumer reading the same partition. Each payload starts with its send time
+    seen by a consumer reading the same partition. `producer_config` adds to or overrides the
+    producer's settings. Each payload starts with its send time
     (perf_counter_ns), so no per-record bookkeeping is needed."""
     stamp = struct.Struct(">q")
     if size < stamp.size:
@@ -403,6 +440,7 @@ def measure_latency(
             "enable.idempotence": False,
             "socket.nagle.disable": True,
             "on_delivery": delivered,
+            **(producer_config or {}),
         }
     )
 

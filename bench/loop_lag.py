@@ -160,12 +160,16 @@ def render(result: Result, args: argparse.Namespace, started: datetime.datetime)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--partitions", type=int, default=2000)
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--idle-seconds", type=float, default=2.0)
     parser.add_argument("--timeout", type=float, default=300, help="seconds allowed for one admin call")
-    parser.add_argument("--write-results", action="store_true", help=f"replace or append the section in {RESULTS}")
+    parser.add_argument(
+        "--write-results", action="store_true", help=f"replace or append the section in {RESULTS}"
+    )
     args = parser.parse_args(argv)
     if not benchlib.strom_available():
         print("loop_lag: `.venv/bin/strom serve --help` fails: install Strom first", file=sys.stderr)

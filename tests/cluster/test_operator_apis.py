@@ -77,10 +77,16 @@ def test_elect_leaders_after_a_bounce(cluster: Cluster) -> None:
     cluster.start_broker(1)
     cluster.wait_for_registered([1])
     with admin(cluster) as client:
-        if 1 not in cluster.partition_state(topic, 0).isr:  # type: ignore[union-attr]
-            early = client.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)])
-            refused = early[TopicPartition(topic, 0)]
-            assert refused is not None and refused.error_code == 80  # PREFERRED_LEADER_NOT_AVAILABLE
+        # Frozen, it cannot fetch, so it cannot rejoin the ISR while it is asked about (its
+        # registration outlives the freeze: the session timeout is longer).
+        cluster.pause(1)
+        try:
+            if 1 not in cluster.partition_state(topic, 0).isr:  # type: ignore[union-attr]
+                early = client.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)])
+                refused = early[TopicPartition(topic, 0)]
+                assert refused is not None and refused.error_code == 80  # PREFERRED_LEADER_NOT_AVAILABLE
+        finally:
+            cluster.resume(1)
         produce_one(cluster, topic)
         cluster.wait_for_full_isr(topic, [0])
         outcome = client.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)])

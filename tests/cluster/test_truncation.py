@@ -31,6 +31,11 @@ pytestmark = pytest.mark.cluster
 
 CLUSTER = {"zookeeper_proxies": True}
 TOPIC = "truncation"
+# The followers' freeze must not cost them the ISR (the new leader comes from it).
+CLUSTER = {"overrides": {"replica.lag.time.max.ms": "5000"}}
+# Longer than replica.fetch.wait.max.ms: a fetch a follower sent before its freeze is answered
+# (empty) before the orphans arrive, so no copy of them sits in a frozen follower's socket.
+FETCH_DRAIN_S = 0.5
 
 
 def batch(*values: bytes) -> bytes:
@@ -51,9 +56,10 @@ def test_old_leader_truncates_what_it_alone_had(cluster: Cluster) -> None:
     old_epoch = cluster.partition_state(TOPIC, 0).leader_epoch  # type: ignore[union-attr]
 
     # Followers frozen for well under replica.lag.time.max.ms: the ISR stays whole, yet they never
-    # fetch what the leader takes now.
+    # fetch what the leader takes now (no fetch of theirs is outstanding: FETCH_DRAIN_S).
     for n in followers:
         cluster.pause(n)
+    time.sleep(FETCH_DRAIN_S)
     try:
         # A fetch a follower sent just before it froze would still be answered into its socket
         # buffer, orphans included, and read at the thaw: let such a long poll end empty first.

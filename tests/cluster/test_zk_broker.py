@@ -158,20 +158,19 @@ def test_create_topics_writes_kafkas_znodes_and_states_apply(
     assert all(sorted(r) == [1, 2] for r in topic["partitions"].values())
     config = json.loads(zk.get(znodes.topic_config_path("replicated"))[0])
     assert config == {"version": 1, "config": {"retention.ms": "86400000"}}
-    # Every broker sees the leaders and ISRs the controller wrote. CreateTopics returns once the
-    # broker that took it sees them; the other one applies the same znodes a moment later.
+    # Every broker soon names the leaders and ISRs the controller wrote (a broker names itself
+    # leader once it has become leader: until then that partition is LEADER_NOT_AVAILABLE there).
+    def shows_the_states(broker: BrokerProcess) -> bool:
+        metadata = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics("replicated", timeout=10)
+        partitions = metadata.topics["replicated"].partitions
+        assert sorted(partitions) == [0, 1, 2, 3]
+        return all(
+            partition.leader == topic["partitions"][str(p)][0] and sorted(partition.isrs) == [1, 2]
+            for p, partition in partitions.items()
+        )
+
     for broker in brokers:
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-
-        def sees_leaders(admin: AdminClient = admin) -> bool:
-            partitions = admin.list_topics("replicated", timeout=10).topics["replicated"].partitions
-            return sorted(partitions) == [0, 1, 2, 3] and all(p.leader >= 0 for p in partitions.values())
-
-        _wait(sees_leaders, what=f"{broker.bootstrap} seeing the leaders")
-        partitions = admin.list_topics("replicated", timeout=10).topics["replicated"].partitions
-        for p, partition in partitions.items():
-            assert partition.leader == topic["partitions"][str(p)][0]
-            assert sorted(partition.isrs) == [1, 2]
+        _wait(lambda broker=broker: shows_the_states(broker), what=f"broker {broker.port}'s metadata")
     # Manual assignment, and the replication factor bounded by the live brokers.
     manual = NewTopic("manual", num_partitions=2, replica_assignment=[[2, 1], [2, 1]])
     admin.create_topics([manual], operation_timeout=15)["manual"].result(timeout=20)

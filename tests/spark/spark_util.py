@@ -79,10 +79,18 @@ def produce(
 
 class BackgroundProducer:
     """Produces to topics (all their partitions, round robin) from a thread until stopped,
-    keeping every acknowledged record's metadata."""
+    keeping every acknowledged record's metadata; ``config`` adds to the producer's config."""
 
-    def __init__(self, bootstrap: str, topics: Sequence[str], *, per_second: float = 200.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Sequence[str],
+        *,
+        per_second: float = 200.0,
+        config: Mapping[str, object] | None = None,
+    ) -> None:
         self._bootstrap = bootstrap
+        self._config = dict(config or {})
         self._topics = list(topics)
         self._interval = 1.0 / per_second
         self._stopping = threading.Event()
@@ -106,7 +114,7 @@ class BackgroundProducer:
                 self._acked.append(metadata)
 
     def _run(self) -> None:
-        with Producer({"bootstrap.servers": self._bootstrap, "linger.ms": 2}) as producer:
+        with Producer({"bootstrap.servers": self._bootstrap, "linger.ms": 2, **self._config}) as producer:
             counts = {topic: len(producer.partitions_for(topic)) for topic in self._topics}
             seq = 0
             while not self._stopping.is_set():

@@ -100,6 +100,26 @@ def test_high_watermark_waits_for_min_insync_replicas(tmp_path: Path) -> None:
     alone.log.close()
 
 
+def test_a_new_leaders_high_watermark_lags_its_epoch_start_until_the_isr_fetches(tmp_path: Path) -> None:
+    # A follower's HW trails the leader's; elected, it answers ListOffsets "latest" with
+    # OFFSET_NOT_AVAILABLE until its HW reaches the start of its epoch (Kafka's lagging-HW state).
+    log = Log.open(tmp_path / "t-0", LogConfig(min_insync_replicas=2))
+    partition = Partition(TP, log, -1, [], local_id=1, replicated=True, high_watermark=0)
+    log.leader_epoch_cache.assign(0, 0)
+    partition.make_follower(PartitionState(0, 2, 0, [1, 2, 3], [1, 2, 3]))
+    partition.append_records_as_follower(make_batch(5))
+    partition.update_follower_high_watermark(3)
+    assert not partition.high_watermark_lags_epoch_start  # only a leader's can
+    log.leader_epoch_cache.assign(1, 5)
+    partition.make_leader(PartitionState(0, 1, 1, [1, 2, 3], [1, 3]), now_ms=0)
+    assert partition.high_watermark == 3 and partition.leader_epoch_start_offset == 5
+    assert partition.high_watermark_lags_epoch_start
+    assert partition.update_follower_fetch_state(3, 5, 0, now_ms=10, leader_leo=5)
+    assert partition.high_watermark == 5
+    assert not partition.high_watermark_lags_epoch_start
+    partition.log.close()
+
+
 def test_isr_shrink_and_expand_proposals(tmp_path: Path) -> None:
     partition = leader_partition(tmp_path, [1, 2, 3])
     partition.append_records_to_leader(make_batch(4), required_acks=1)

@@ -254,6 +254,13 @@ _IMPLEMENTED = (
         "segment.bytes of __consumer_offsets.",
     ),
     _key(
+        "offsets.commit.timeout.ms",
+        T.INT,
+        5000,
+        Range(1),
+        "How long a write to __consumer_offsets (a commit, a group's assignment) waits for the ISR.",
+    ),
+    _key(
         "offsets.retention.check.interval.ms",
         T.LONG,
         600000,
@@ -837,11 +844,11 @@ class KafkaConfig:
             backoff_ms=self._int("log.cleaner.backoff.ms"),
         )
         self.offsets_retention_check_interval_ms: int = self._int("offsets.retention.check.interval.ms")
+        self.offsets_commit_timeout_ms: int = self._int("offsets.commit.timeout.ms")
         self.offsets_topic_segment_bytes: int = self._int("offsets.topic.segment.bytes")
         self.offset_metadata_max_bytes: int = self._int("offset.metadata.max.bytes")
 
-        connect = self._str("zookeeper.connect")
-        self.zookeeper_connect: str | None = connect or None
+        self.zookeeper_connect: str | None = self._str("zookeeper.connect") or None
         self.zookeeper_session_timeout_ms: int = self._int("zookeeper.session.timeout.ms")
         self.zookeeper_connection_timeout_ms: int = (
             self._int("zookeeper.connection.timeout.ms")

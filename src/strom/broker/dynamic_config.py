@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from strom.broker.config import BROKER_CONFIGS, ConfigError, KafkaConfig
+from strom.broker.replica_fetcher import ReplicationConfig
 from strom.broker.zk.client import AsyncZooKeeper
 from strom.broker.zk.znodes import (
     CONFIG_CHANGE_PREFIX,
@@ -228,3 +229,8 @@ class DynamicBrokerConfig:
         quotas.per_ip_overrides = config.max_connections_per_ip_overrides
         if broker.log_manager.cleaner is not None:
             broker.log_manager.cleaner.config = config.cleaner_config
+        fetchers = broker.replica_manager.fetchers
+        if fetchers is not None:
+            # num.replica.fetchers: partitions followed from now on spread over the new count
+            # (Kafka also moves those already followed; here they move at their next leader change).
+            fetchers.config = ReplicationConfig.from_kafka_config(config)

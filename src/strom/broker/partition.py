@@ -136,6 +136,13 @@ class Partition:
         return self.high_watermark
 
     @property
+    def high_watermark_lags_epoch_start(self) -> bool:
+        """A new leader whose HW is still below the start of its epoch (Kafka's lagging-HW state
+        after an election): its HW is the one it had as a follower, maybe below the old leader's,
+        until the ISR's followers fetch from it."""
+        return self.replicated and self.is_leader and self.high_watermark < self.leader_epoch_start_offset
+
+    @property
     def min_insync_replicas(self) -> int:
         return self.log.config.min_insync_replicas
 

@@ -447,12 +447,17 @@ class ReplicaFetcherManager:
         self.replica_manager = replica_manager
         self.config = config
         self._fetchers: dict[tuple[int, int], ReplicaFetcher] = {}
+        # Once shut down (the broker is leaving: a controlled shutdown), no partition is followed
+        # again, so no leader takes this broker back into its ISR on its way out.
+        self._closed = False
 
     def add_partition(
         self, tp: TopicPartition, topic_id: uuid.UUID, leader_id: int, leader_epoch: int
     ) -> None:
         """Follow ``tp`` from ``leader_id`` in ``leader_epoch``, truncating first."""
         self.remove_partitions([tp])
+        if self._closed:
+            return
         # A stable hash (Python's str hash differs between processes).
         spread = zlib.crc32(tp.topic.encode()) * 31 + tp.partition
         key = (leader_id, spread % max(1, self.config.num_replica_fetchers))
@@ -469,5 +474,6 @@ class ReplicaFetcherManager:
                 fetcher.partitions.pop(tp, None)
 
     async def shutdown(self) -> None:
+        self._closed = True
         fetchers, self._fetchers = self._fetchers, {}
         await asyncio.gather(*(fetcher.stop() for fetcher in fetchers.values()))

@@ -153,7 +153,6 @@ class BrokerServer:
         # A cluster's controller (the broker contends for /controller) and the partition states
         # this broker applied, (leader epoch, partition epoch) per partition, by topic.
         self.controller: Controller | None = None
-        self._apply_task: asyncio.Task[None] | None = None
         self._applied: dict[TopicPartition, tuple[int, int]] = {}
         self._hosted: dict[str, TopicState] = {}
         self._dirty_topics: set[str] = set()
@@ -168,7 +167,11 @@ class BrokerServer:
                 offsets_retention_ms=config.offsets_retention_minutes * 60_000,
                 offset_metadata_max_bytes=config.offset_metadata_max_bytes,
             ),
-            GroupMetadataManager(self.replica_manager, config.offsets_topic_num_partitions),
+            GroupMetadataManager(
+                self.replica_manager,
+                config.offsets_topic_num_partitions,
+                commit_timeout_ms=config.offsets_commit_timeout_ms,
+            ),
             self._request_offsets_topic,
             # In a cluster the coordinator owns the groups of the offsets partitions this broker leads.
             follows_leadership=config.in_cluster,
@@ -442,7 +445,7 @@ class BrokerServer:
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.delete_pending_files)
 
     async def _expire_group_offsets(self) -> None:
-        self.group_coordinator.expire_offsets()
+        await self.group_coordinator.expire_offsets()
 
     async def _flush(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.flush_dirty_logs)
@@ -487,8 +490,7 @@ class BrokerServer:
         host, port = self.advertised_endpoint()
         listener = self.config.advertised_client_listener()
         await cluster.register(cluster.registration([(listener.name, host, port)]))
-        self._apply_task = asyncio.get_running_loop().create_task(self._apply_cluster_changes())
-        self._tasks.append(self._apply_task)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._apply_cluster_changes(cluster)))
         for topic in cluster.image.topics():
             self._topic_changed(topic.name)
         self.controller = Controller(cluster.zk, self.node_id, self.config)
@@ -503,6 +505,10 @@ class BrokerServer:
         if self.config.controlled_shutdown_enable and self.controller is not None:
             cluster = self.cluster
             timeout_s = self.config.zookeeper_session_timeout_ms / 1000 + 10
+            # Stop following first (Kafka's controller sends the leaving broker StopReplica): a
+            # follower that fetched on would be taken back into an ISR the controller just left.
+            if self.replica_manager.fetchers is not None:
+                await self.replica_manager.fetchers.shutdown()
 
             async def attempt() -> bool:
                 return await request_controlled_shutdown(cluster.zk, self.node_id, timeout_s)
@@ -514,11 +520,6 @@ class BrokerServer:
                 "controlled shutdown",
             ):
                 log.warning("controlled shutdown did not complete; shutting down anyway")
-            # Leadership has moved: stop following, so no leader takes this broker back into its ISR.
-            if self._apply_task is not None:
-                self._apply_task.cancel()
-            if self.replica_manager.fetchers is not None:
-                await self.replica_manager.fetchers.shutdown()
         if self.controller is not None:
             await self.controller.stop()
 
@@ -532,7 +533,7 @@ class BrokerServer:
         # Nothing to apply: Metadata, FindCoordinator and the fetchers read live_brokers directly.
         pass
 
-    async def _apply_cluster_changes(self) -> None:
+    async def _apply_cluster_changes(self, cluster: ZkControlPlane) -> None:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
@@ -540,6 +541,7 @@ class BrokerServer:
                 name = self._dirty_topics.pop()
                 try:
                     await self._apply_topic(name)
+                    cluster.signal_change()  # create_topic waits for this broker's leaderships
                 except Exception:
                     log.exception("applying a topic's state failed; retrying", extra={"topic": name})
                     self._dirty_topics.add(name)
@@ -555,7 +557,10 @@ class BrokerServer:
             del self._hosted[name]
             for tp in [tp for tp in self._applied if tp.topic == name]:
                 del self._applied[tp]
-            self.group_coordinator.on_topic_deleted(name)
+            # Its offsets' tombstones wait for the ISR: meanwhile partition states keep applying.
+            task = asyncio.ensure_future(self.group_coordinator.on_topic_deleted(name))
+            self._admin_tasks.add(task)
+            task.add_done_callback(self._admin_done)
             await self.replica_manager.stop_replicas(hosted)
             log.info("deleted the replicas of a deleted topic", extra={"topic": name})
         if topic is None:
@@ -646,10 +651,32 @@ class BrokerServer:
                 )
                 assignment = self.cluster.assignment(num_partitions, rf)
             timeout_s = self._timeout_s(timeout_ms)
-            return await self._admin(
+            deadline = time.monotonic() + timeout_s
+            topic_id = await self._admin(
                 self.cluster.create_topic(name, assignment, configs, timeout_s), timeout_s
             )
+            # As Kafka answers once the topic's leaders are in the handling broker's metadata: here
+            # also once this broker leads the partitions ZooKeeper gives it (so the Metadata it serves
+            # next names them), within what is left of the timeout.
+            if not await self.cluster.wait_until(
+                lambda: self._leads_its_partitions(name), deadline - time.monotonic()
+            ):
+                raise MetadataWaitTimeout(f"topic {name} was created, but its leaders are not ready yet")
+            return topic_id
         return (await self._admin(self._create_topic(name, num_partitions, configs))).topic_id
+
+    def _leads_its_partitions(self, name: str) -> bool:
+        """Every partition of ``name`` that ZooKeeper says this broker leads, it leads already."""
+        topic = self.control_plane.image.topic(name)
+        if topic is None:
+            return False
+        for state in topic.partitions:
+            if state.leader != self.node_id:
+                continue
+            local = self.replica_manager.partition(TopicPartition(name, state.partition))
+            if local is None or not local.is_leader or local.leader_epoch < state.leader_epoch:
+                return False
+        return True
 
     async def delete_topic(self, name: str, timeout_ms: int | None = None) -> TopicState | None:
         if self.cluster is not None:
@@ -766,7 +793,7 @@ class BrokerServer:
             if topic is None:
                 return None
             self.local_plane.apply(name)
-            self.group_coordinator.on_topic_deleted(name)
+            await self.group_coordinator.on_topic_deleted(name)
             await self.replica_manager.stop_replicas(topic)
             await self.local_plane.finish_deletion([topic.topic_id])
         log.info("deleted topic", extra={"topic": name})

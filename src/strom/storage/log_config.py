@@ -563,10 +563,9 @@ _TOPIC_CONFIG_LIST = (
         T.BOOLEAN,
         False,
         None,
-        "Allow a replica outside the ISR to become leader, at the cost of losing data "
-        "(one node: one replica).",
+        "Allow a replica outside the ISR to become leader when no ISR member lives, at the cost "
+        "of losing committed data (the controller decides; one node: one replica).",
         _same("unclean.leader.election.enable", T.BOOLEAN, False, None),
-        effect=False,
     ),
 )
 

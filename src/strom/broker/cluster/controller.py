@@ -45,6 +45,10 @@ from strom.broker.zk.client import (
 
 log = logging.getLogger(__name__)
 
+# New partition states written in one multi-op (3 small znodes each: well below ZooKeeper's 1 MiB
+# request limit, jute.maxbuffer).
+_STATES_PER_WRITE = 500
+
 __all__ = [
     "ControlledShutdownReport",
     "Controller",
@@ -805,26 +809,65 @@ class Controller:
             if znode is None or await self._zk.exists(znodes.delete_topic_path(topic)) is not None:
                 continue  # being deleted: no new partitions for it
             known = self._with_state.setdefault(topic, set())
-            for partition, replicas in sorted(znode.partitions.items()):
-                if partition in known:
-                    continue
-                if await self._create_state(topic, partition, replicas, live):
-                    known.add(partition)
+            missing = [(p, r) for p, r in sorted(znode.partitions.items()) if p not in known]
+            # A new topic's partitions come online together, in one fenced multi-op per chunk (as
+            # Kafka's controller creates them in one batch): a client never sees some led and others
+            # not. A chunk that meets a state already there falls back to one partition at a time.
+            for start in range(0, len(missing), _STATES_PER_WRITE):
+                chunk = missing[start : start + _STATES_PER_WRITE]
+                created = await self._create_states(topic, chunk, live)
+                if created is None:
+                    created = [
+                        p for p, replicas in chunk if await self._create_state(topic, p, replicas, live)
+                    ]
+                known.update(created)
+
+    async def _state_creation_ops(
+        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int]
+    ) -> tuple[list[Create | SetData | Delete], list[tuple[int, znodes.LeaderAndIsr]]]:
+        """The parents too, in the same fenced multi-op: creating them with makepath could bring back
+        a topic deleted meanwhile (as an empty znode)."""
+        ops: list[Create | SetData | Delete] = []
+        states = []
+        if await self._zk.exists(znodes.partitions_path(topic)) is None:
+            ops.append(Create(znodes.partitions_path(topic)))
+            parents_exist: set[int] = set()
+        else:
+            parents_exist = {
+                int(c) for c in await self._zk.get_children(znodes.partitions_path(topic)) if c.isdigit()
+            }
+        for partition, replicas in partitions:
+            if partition not in parents_exist:
+                ops.append(Create(znodes.partition_path(topic, partition)))
+            state = initial_leader_and_isr(replicas, live, self._epoch)
+            ops.append(Create(znodes.partition_state_path(topic, partition), state.encode()))
+            states.append((partition, state))
+        return ops, states
+
+    async def _create_states(
+        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int]
+    ) -> list[int] | None:
+        """Create the state znodes of ``partitions`` in one multi-op; the partitions created ([] if the
+        topic is gone), or None when one of them exists already (the caller goes one by one)."""
+        ops, states = await self._state_creation_ops(topic, partitions, live)
+        try:
+            await self._write(ops)
+        except MultiOpFailed as e:
+            if isinstance(e.cause, NodeExistsError):
+                return None
+            if isinstance(e.cause, NoNodeError):
+                return []  # the topic znode went away meanwhile
+            raise
+        for partition, state in states:
+            self._log_created(topic, partition, state)
+        return [partition for partition, _ in states]
 
     async def _create_state(self, topic: str, partition: int, replicas: list[int], live: set[int]) -> bool:
         """Create the partition's state znode (and its parents) unless it exists; False if the topic is gone."""
         state_path = znodes.partition_state_path(topic, partition)
         if await self._zk.exists(state_path) is not None:
             return True
-        # The parents too, in the same fenced multi-op: creating them with makepath could bring back
-        # a topic deleted meanwhile (as an empty znode).
-        ops: list[Create | SetData | Delete] = []
-        if await self._zk.exists(znodes.partitions_path(topic)) is None:
-            ops += [Create(znodes.partitions_path(topic)), Create(znodes.partition_path(topic, partition))]
-        elif await self._zk.exists(znodes.partition_path(topic, partition)) is None:
-            ops.append(Create(znodes.partition_path(topic, partition)))
-        state = initial_leader_and_isr(replicas, live, self._epoch)
-        ops.append(Create(state_path, state.encode()))
+        ops, states = await self._state_creation_ops(topic, [(partition, replicas)], live)
         try:
             await self._write(ops)
         except MultiOpFailed as e:
@@ -833,6 +876,10 @@ class Controller:
             if isinstance(e.cause, NoNodeError):
                 return False  # the topic znode went away meanwhile
             raise
+        self._log_created(topic, partition, states[0][1])
+        return True
+
+    def _log_created(self, topic: str, partition: int, state: znodes.LeaderAndIsr) -> None:
         log.info(
             "partition created",
             extra={
@@ -843,7 +890,6 @@ class Controller:
                 "controller_epoch": self._epoch,
             },
         )
-        return True
 
     # -- topic deletion --------------------------------------------------------------------------
 

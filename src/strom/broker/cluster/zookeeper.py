@@ -291,7 +291,7 @@ class ZkControlPlane:
         self.controller_id = znodes.ControllerZNode.decode(data).broker_id if data else -1
         if previous != self.controller_id:
             log.info("controller changed", extra={"controller": self.controller_id})
-            self._signal()
+            self.signal_change()
 
     def _on_broker_ids(self, children: list[str]) -> None:
         ids = {int(c) for c in children if c.isdigit()}
@@ -309,7 +309,7 @@ class ZkControlPlane:
                 return
             self.live_brokers[broker_id] = znodes.BrokerRegistration.decode(broker_id, data)
             self.broker_epochs[broker_id] = stat.czxid
-            self._signal()
+            self.signal_change()
             self._on_brokers_changed()
 
         placeholder = self._broker_watches.get(broker_id)
@@ -322,7 +322,7 @@ class ZkControlPlane:
     def _broker_gone(self, broker_id: int) -> None:
         if self.live_brokers.pop(broker_id, None) is not None:
             self.broker_epochs.pop(broker_id, None)
-            self._signal()
+            self.signal_change()
             self._on_brokers_changed()
 
     def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
@@ -436,10 +436,11 @@ class ZkControlPlane:
             changed = previous != topic
             self.image.put(topic)
         if changed:
-            self._signal()
+            self.signal_change()
             self._on_topic_changed(name)
 
-    def _signal(self) -> None:
+    def signal_change(self) -> None:
+        """Wake every ``wait_until``: the metadata, or what the broker made of it, changed."""
         self._changed.set()
         self._changed = asyncio.Event()
 

@@ -133,6 +133,12 @@ class ClassicGroup:
         self.new_member_added = False
         self.join_timer: asyncio.TimerHandle | None = None
         self.sync_timer: asyncio.TimerHandle | None = None
+        # One write to __consumer_offsets at a time, held from the append until the change is
+        # applied in memory: the group changes in the order of its records in the log, although
+        # each write waits for the ISR (Kafka holds the group lock for the same reason).
+        self.write_lock = asyncio.Lock()
+        # Writes the coordinator started on its own (the Empty group after a rebalance emptied it).
+        self.background_writes: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return (
@@ -159,6 +165,8 @@ class ClassicGroup:
             if timer is not None:
                 timer.cancel()
         self.join_timer = self.sync_timer = None
+        for task in self.background_writes:
+            task.cancel()
         for member in self.members.values():
             member.cancel_heartbeat()
 

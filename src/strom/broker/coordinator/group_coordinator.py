@@ -159,6 +159,19 @@ class GroupCoordinator:
             return ErrorCode.not_coordinator
         return ErrorCode.none
 
+    def _is_current(self, group: ClassicGroup) -> bool:
+        """``group`` is still the coordinator's (not unloaded, deleted or replaced meanwhile)."""
+        return self._groups.get(group.group_id) is group and not group.is_(GroupState.DEAD)
+
+    def _gone_error(
+        self, group_id: str, otherwise: ErrorCode = ErrorCode.coordinator_not_available
+    ) -> ErrorCode:
+        """The answer for a group that went away while a request waited: NOT_COORDINATOR once
+        another broker coordinates it, else ``otherwise`` (by default COORDINATOR_NOT_AVAILABLE:
+        the client retries and meets a fresh group)."""
+        error = self.coordinator_error(group_id)
+        return error if error != ErrorCode.none else otherwise
+
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "the group coordinator has not started"
@@ -338,11 +351,17 @@ class GroupCoordinator:
         )
         if group.is_(GroupState.STABLE) and group.select_protocol() == group.protocol_name:
             # Same protocol: keep the generation and the assignment; persist the new member id.
-            outcome = self._manager.store_group(group)
-            if outcome.error != ErrorCode.none:
-                group.replace_static_member(req.group_instance_id, new_member_id, old_member_id)
-                member.protocols = old_protocols
-                return JoinResult(outcome.error, member_id=UNKNOWN_MEMBER_ID)
+            async with group.write_lock:
+                error = (
+                    (await self._manager.store_group(group)).error
+                    if self._is_current(group)
+                    else self._gone_error(group.group_id)
+                )
+            if error != ErrorCode.none:
+                if group.static_member_id(req.group_instance_id) == new_member_id:
+                    group.replace_static_member(req.group_instance_id, new_member_id, old_member_id)
+                    member.protocols = old_protocols
+                return JoinResult(error, member_id=UNKNOWN_MEMBER_ID)
             self._schedule_heartbeat_expiration(group, member)
             if not req.supports_skip_assignment:
                 # Before JoinGroup v9 a leader cannot be told to skip the assignment: name the old
@@ -454,7 +473,9 @@ class GroupCoordinator:
         group.init_next_generation(self._time_ms())
         if group.is_(GroupState.EMPTY):
             log.info("group is empty", extra={"group": group.group_id, "generation": group.generation_id})
-            self._manager.store_group(group)
+            task = self.loop.create_task(self._store_empty_group(group, group.generation_id))
+            group.background_writes.add(task)
+            task.add_done_callback(group.background_writes.discard)
             return
         log.info(
             "new generation",
@@ -477,6 +498,27 @@ class GroupCoordinator:
         group.sync_timer = self.loop.call_later(
             group.rebalance_timeout_ms() / 1000, self._expire_pending_sync, group, generation
         )
+
+    async def _store_empty_group(self, group: ClassicGroup, generation: int) -> None:
+        """Record that ``group`` became Empty in ``generation`` (after the group's earlier writes).
+        A failure only logs, as in Kafka: the members are gone and nobody waits for the answer."""
+        async with group.write_lock:
+            if not self._is_current(group) or not group.is_(GroupState.EMPTY):
+                return  # unloaded, deleted, or members joined again: a later write records the group
+            if group.generation_id != generation:
+                return
+            outcome = await self._manager.store_group(group)
+        if outcome.error != ErrorCode.none:
+            log.warning(
+                "storing the empty group failed",
+                extra={"group": group.group_id, "generation": generation, "error": outcome.error.name},
+            )
+
+    async def _settle(self, group: ClassicGroup) -> None:
+        """Wait for the writes the coordinator started on its own for ``group`` (so a LeaveGroup
+        is answered once the Empty group it caused is stored, as on a single node before)."""
+        if group.background_writes:
+            await asyncio.wait(set(group.background_writes))
 
     def _expire_pending_sync(self, group: ClassicGroup, generation: int) -> None:
         """Members of the generation that never sent SyncGroup are dropped, and the group rebalances."""
@@ -601,28 +643,50 @@ class GroupCoordinator:
         future: asyncio.Future[SyncResult] = self.loop.create_future()
         member.sync_future = future
         if group.is_leader(member_id):
+            await self._store_assignment(group, generation_id, assignments)
+        return await future
+
+    async def _store_assignment(
+        self, group: ClassicGroup, generation_id: int, assignments: dict[str, bytes]
+    ) -> None:
+        """The leader's assignment: stored (after the group's earlier writes, once the ISR has
+        it), then the group is Stable and every waiting member gets its part. A member that
+        joined meanwhile (a new rebalance) or an unload answered the waiting members already:
+        then, as in Kafka, nothing more happens for this generation."""
+        async with group.write_lock:
+            if not (
+                self._is_current(group)
+                and group.is_(GroupState.COMPLETING_REBALANCE)
+                and group.generation_id == generation_id
+            ):
+                return
             for m in group.members.values():
                 m.assignment = assignments.get(m.member_id, b"")
-            outcome = self._manager.store_group(group)
+            outcome = await self._manager.store_group(group)
+            if not (
+                self._is_current(group)
+                and group.is_(GroupState.COMPLETING_REBALANCE)
+                and group.generation_id == generation_id
+            ):
+                return
             if outcome.error != ErrorCode.none:
                 self._propagate_sync_error(group, outcome.error)
                 self._maybe_prepare_rebalance(group, "storing the assignment failed")
-            else:
-                group.transition_to(GroupState.STABLE, self._time_ms())
-                log.info(
-                    "group is stable",
-                    extra={
-                        "group": group.group_id,
-                        "generation": group.generation_id,
-                        "members": len(group.members),
-                    },
-                )
-                for m in group.members.values():
-                    if m.is_awaiting_sync:
-                        assert m.sync_future is not None
-                        m.sync_future.set_result(self._sync_result(group, m))
-                    m.sync_future = None
-        return await future
+                return
+            group.transition_to(GroupState.STABLE, self._time_ms())
+            log.info(
+                "group is stable",
+                extra={
+                    "group": group.group_id,
+                    "generation": group.generation_id,
+                    "members": len(group.members),
+                },
+            )
+            for m in group.members.values():
+                if m.is_awaiting_sync:
+                    assert m.sync_future is not None
+                    m.sync_future.set_result(self._sync_result(group, m))
+                m.sync_future = None
 
     @staticmethod
     def _sync_result(group: ClassicGroup, member: MemberMetadata) -> SyncResult:
@@ -630,7 +694,7 @@ class GroupCoordinator:
 
     # --- LeaveGroup ----------------------------------------------------------------------
 
-    def leave_group(
+    async def leave_group(
         self, group_id: str, members: list[tuple[str, str | None]]
     ) -> tuple[ErrorCode, list[ErrorCode]]:
         """Remove each (member id, group instance id); returns the group error and one error per member."""
@@ -664,11 +728,12 @@ class GroupCoordinator:
             log.info("member left", extra={"group": group.group_id, "member": member_id})
             self._remove_member_and_update_group(group, member)
             errors.append(ErrorCode.none)
+        await self._settle(group)
         return ErrorCode.none, errors
 
     # --- offsets -------------------------------------------------------------------------
 
-    def commit_offsets(
+    async def commit_offsets(
         self,
         group_id: str,
         generation_id: int,
@@ -691,11 +756,17 @@ class GroupCoordinator:
             else:
                 valid[tp] = offset
         if valid:
-            outcome = self._manager.store_offsets(group_id, valid)
-            if outcome.error == ErrorCode.none:
-                group.offsets.update(valid)
+            # Applied once the ISR holds the records, under the group's write lock: commits of a
+            # group take effect in their log order, and a commit read back never goes backwards.
+            async with group.write_lock:
+                if self._is_current(group):
+                    error = (await self._manager.store_offsets(group_id, valid)).error
+                    if error == ErrorCode.none:
+                        group.offsets.update(valid)
+                else:
+                    error = self._gone_error(group_id)
             for tp in valid:
-                results[tp] = outcome.error
+                results[tp] = error
         return results
 
     def _validate_offset_commit(
@@ -745,7 +816,7 @@ class GroupCoordinator:
             return dict(offsets)
         return {tp: offsets.get(tp) for tp in partitions}
 
-    def delete_offsets(
+    async def delete_offsets(
         self, group_id: str, partitions: list[TopicPartition]
     ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
         if (error := self.coordinator_error(group_id)) != ErrorCode.none:
@@ -753,6 +824,16 @@ class GroupCoordinator:
         group = self._groups.get(group_id)
         if group is None or group.is_(GroupState.DEAD):
             return ErrorCode.group_id_not_found, {}
+        async with group.write_lock:
+            # Decided after the group's earlier writes are applied.
+            if not self._is_current(group):
+                return self._gone_error(group_id, ErrorCode.group_id_not_found), {}
+            return await self._delete_offsets(group, partitions)
+
+    async def _delete_offsets(
+        self, group: ClassicGroup, partitions: list[TopicPartition]
+    ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
+        group_id = group.group_id
         results: dict[TopicPartition, ErrorCode] = {}
         if not group.is_(GroupState.EMPTY):
             if group.protocol_type != "consumer":
@@ -762,7 +843,7 @@ class GroupCoordinator:
                 if subscribed is None or tp.topic in subscribed:
                     results[tp] = ErrorCode.group_subscribed_to_topic
         deletable = [tp for tp in partitions if tp not in results and tp in group.offsets]
-        outcome = self._manager.delete_offsets(group_id, deletable)
+        outcome = await self._manager.delete_offsets(group_id, deletable)
         if outcome.error != ErrorCode.none:
             return outcome.error, {}
         for tp in deletable:
@@ -771,41 +852,70 @@ class GroupCoordinator:
             results.setdefault(tp, ErrorCode.none)
         return ErrorCode.none, results
 
-    def on_topic_deleted(self, topic: str) -> int:
+    async def on_topic_deleted(self, topic: str) -> int:
         """A deleted topic's committed offsets go with it, in every group (as Kafka does); returns count."""
         removed = 0
-        for group in self._groups.values():
-            gone = [tp for tp in group.offsets if tp.topic == topic]
-            if gone and self._manager.delete_offsets(group.group_id, gone).error == ErrorCode.none:
-                for tp in gone:
-                    del group.offsets[tp]
-                removed += len(gone)
+        for group in list(self._groups.values()):
+            if not any(tp.topic == topic for tp in group.offsets):
+                continue
+            async with group.write_lock:
+                gone = [tp for tp in group.offsets if tp.topic == topic]
+                if not gone or not self._is_current(group):
+                    continue
+                if (await self._manager.delete_offsets(group.group_id, gone)).error == ErrorCode.none:
+                    for tp in gone:
+                        group.offsets.pop(tp, None)
+                    removed += len(gone)
         return removed
 
-    def expire_offsets(self) -> int:
+    async def expire_offsets(self) -> int:
         """offsets.retention.minutes: drop offsets of groups that stayed empty that long; returns count."""
-        now = self._time_ms()
-        retention = self.config.offsets_retention_ms
         removed = 0
         for group in list(self._groups.values()):
-            expired = [
-                tp
-                for tp, offset in group.offsets.items()
-                if self._is_expired(group, tp, offset, now, retention)
-            ]
-            if expired:
-                if self._manager.delete_offsets(group.group_id, expired).error != ErrorCode.none:
-                    continue
-                for tp in expired:
-                    del group.offsets[tp]
-                removed += len(expired)
-                log.info("expired offsets", extra={"group": group.group_id, "partitions": len(expired)})
-            if group.is_(GroupState.EMPTY) and not group.offsets and not group.pending_members:
-                if group.generation_id > 0 and self._manager.delete_group(group).error != ErrorCode.none:
-                    continue
-                group.transition_to(GroupState.DEAD, now)
-                del self._groups[group.group_id]
+            async with group.write_lock:
+                if self._is_current(group):
+                    removed += await self._expire_group_offsets(group)
         return removed
+
+    async def _expire_group_offsets(self, group: ClassicGroup) -> int:
+        now = self._time_ms()
+        retention = self.config.offsets_retention_ms
+        expired = [
+            tp for tp, offset in group.offsets.items() if self._is_expired(group, tp, offset, now, retention)
+        ]
+        if expired:
+            if (await self._manager.delete_offsets(group.group_id, expired)).error != ErrorCode.none:
+                return 0
+            for tp in expired:
+                del group.offsets[tp]
+            log.info("expired offsets", extra={"group": group.group_id, "partitions": len(expired)})
+        if (
+            self._is_current(group)
+            and group.is_(GroupState.EMPTY)
+            and not group.offsets
+            and not group.pending_members
+        ):
+            # A group that never had a generation has no metadata record to delete.
+            await self._remove_empty_group(group, write=group.generation_id > 0)
+        return len(expired)
+
+    async def _remove_empty_group(self, group: ClassicGroup, *, write: bool = True) -> ErrorCode:
+        """Delete an Empty group (its offsets' and metadata's tombstones if ``write``); the caller
+        holds its write lock. The group is Dead while the tombstones wait for the ISR, so a member
+        joining meanwhile is told to retry (and meets a fresh group) instead of joining a group
+        whose records are being deleted; if the write fails, the group is as it was."""
+        state_timestamp = group.current_state_timestamp
+        group.transition_to(GroupState.DEAD, self._time_ms())
+        error = (await self._manager.delete_group(group)).error if write else ErrorCode.none
+        if error != ErrorCode.none:
+            if self._groups.get(group.group_id) is group:  # not unloaded meanwhile
+                group.state, group.current_state_timestamp = GroupState.EMPTY, state_timestamp
+            return error
+        group.cancel_timers()
+        if self._groups.get(group.group_id) is group:
+            del self._groups[group.group_id]
+        log.info("deleted group", extra={"group": group.group_id})
+        return ErrorCode.none
 
     @staticmethod
     def _is_expired(
@@ -845,7 +955,7 @@ class GroupCoordinator:
             if not g.is_(GroupState.DEAD) and (wanted is None or g.state.value.lower() in wanted)
         ]
 
-    def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
+    async def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
         results: dict[str, ErrorCode] = {}
         for group_id in group_ids:
             group = self._groups.get(group_id)
@@ -858,11 +968,14 @@ class GroupCoordinator:
             elif not group.is_(GroupState.EMPTY):
                 results[group_id] = ErrorCode.non_empty_group
             else:
-                outcome = self._manager.delete_group(group)
-                results[group_id] = outcome.error
-                if outcome.error == ErrorCode.none:
-                    group.cancel_timers()
-                    group.transition_to(GroupState.DEAD, self._time_ms())
-                    del self._groups[group_id]
-                    log.info("deleted group", extra={"group": group_id})
+                results[group_id] = await self._delete_group(group)
         return results
+
+    async def _delete_group(self, group: ClassicGroup) -> ErrorCode:
+        async with group.write_lock:
+            # Decided after the group's earlier writes: tombstones for every offset they committed.
+            if not self._is_current(group):
+                return self._gone_error(group.group_id, ErrorCode.group_id_not_found)
+            if not group.is_(GroupState.EMPTY):
+                return ErrorCode.non_empty_group
+            return await self._remove_empty_group(group)

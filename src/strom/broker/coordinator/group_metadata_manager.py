@@ -67,9 +67,12 @@ class GroupMetadataManager:
         replica_manager: ReplicaManager,
         num_partitions: int,
         time_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        commit_timeout_ms: int = 5000,
     ) -> None:
         self._replica_manager = replica_manager
         self.num_partitions = num_partitions
+        # offsets.commit.timeout.ms: how long a write waits for the ISR before it fails.
+        self._commit_timeout_ms = commit_timeout_ms
         self._time_ms = time_ms
 
     def partition_of(self, group_id: str) -> TopicPartition:
@@ -77,17 +80,23 @@ class GroupMetadataManager:
 
     # --- writing -------------------------------------------------------------------------
 
-    def _append(self, group_id: str, records: list[RecordSpec]) -> AppendOutcome:
+    async def _append(self, group_id: str, records: list[RecordSpec], *, offsets: bool) -> AppendOutcome:
+        """Append ``records`` to the group's offsets partition with acks=-1 and answer once the
+        HW passes them (or offsets.commit.timeout.ms passes): only then does a commit or an
+        assignment survive the loss of this broker, so only then may the caller apply it in
+        memory and answer its client. On a single node the HW moves with the append."""
         tp = self.partition_of(group_id)
         batch = encode_batch(records)
-        result = self._replica_manager.append_records(-1, [(tp, batch)])[tp]
+        results = await self._replica_manager.append(-1, [(tp, batch)], timeout_ms=self._commit_timeout_ms)
+        result = results[tp]
         if result.error == ErrorCode.none:
             return AppendOutcome(ErrorCode.none)
         log.warning(
             "writing to the offsets topic failed",
             extra={"group": group_id, "partition": str(tp), "error": result.error.name},
         )
-        # Kafka's mapping: the offsets partition is not (or no longer) usable here.
+        # Kafka's mapping (GroupCoordinatorService): the partition is not usable here right now,
+        # or no longer led here; a record set too large is the commit's fault only for offsets.
         if result.error in (
             ErrorCode.unknown_topic_or_partition,
             ErrorCode.not_enough_replicas,
@@ -97,11 +106,15 @@ class GroupMetadataManager:
             return AppendOutcome(ErrorCode.coordinator_not_available, result.error_message)
         if result.error in (ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error):
             return AppendOutcome(ErrorCode.not_coordinator, result.error_message)
-        if result.error in (ErrorCode.message_too_large, ErrorCode.record_list_too_large):
+        if offsets and result.error in (
+            ErrorCode.message_too_large,
+            ErrorCode.record_list_too_large,
+            ErrorCode.invalid_fetch_size,
+        ):
             return AppendOutcome(ErrorCode.invalid_commit_offset_size, result.error_message)
         return AppendOutcome(ErrorCode.unknown_server_error, result.error_message)
 
-    def store_group(self, group: ClassicGroup) -> AppendOutcome:
+    async def store_group(self, group: ClassicGroup) -> AppendOutcome:
         """Write the group's metadata record: generation, protocol, leader, members and assignments."""
         value = GroupMetadataValue(
             protocol_type=group.protocol_type or "",
@@ -126,9 +139,11 @@ class GroupMetadataManager:
         record = RecordSpec(
             encode_group_metadata_key(GroupMetadataKey(group.group_id)), encode_group_metadata_value(value)
         )
-        return self._append(group.group_id, [record])
+        return await self._append(group.group_id, [record], offsets=False)
 
-    def store_offsets(self, group_id: str, offsets: dict[TopicPartition, OffsetAndMetadata]) -> AppendOutcome:
+    async def store_offsets(
+        self, group_id: str, offsets: dict[TopicPartition, OffsetAndMetadata]
+    ) -> AppendOutcome:
         records = [
             RecordSpec(
                 encode_offset_commit_key(OffsetCommitKey(group_id, tp.topic, tp.partition)),
@@ -140,18 +155,18 @@ class GroupMetadataManager:
             )
             for tp, o in offsets.items()
         ]
-        return self._append(group_id, records)
+        return await self._append(group_id, records, offsets=True)
 
-    def delete_offsets(self, group_id: str, tps: Iterable[TopicPartition]) -> AppendOutcome:
+    async def delete_offsets(self, group_id: str, tps: Iterable[TopicPartition]) -> AppendOutcome:
         records = [
             RecordSpec(encode_offset_commit_key(OffsetCommitKey(group_id, tp.topic, tp.partition)), None)
             for tp in tps
         ]
         if not records:
             return AppendOutcome(ErrorCode.none)
-        return self._append(group_id, records)
+        return await self._append(group_id, records, offsets=True)
 
-    def delete_group(self, group: ClassicGroup) -> AppendOutcome:
+    async def delete_group(self, group: ClassicGroup) -> AppendOutcome:
         """Tombstones for every offset of the group and for its metadata."""
         records = [
             RecordSpec(
@@ -160,13 +175,15 @@ class GroupMetadataManager:
             for tp in group.offsets
         ]
         records.append(RecordSpec(encode_group_metadata_key(GroupMetadataKey(group.group_id)), None))
-        return self._append(group.group_id, records)
+        return await self._append(group.group_id, records, offsets=False)
 
     # --- loading -------------------------------------------------------------------------
 
     def load(self, partitions: Iterable[int] | None = None) -> dict[str, ClassicGroup]:
         """Every group and offset in the offsets topic's ``partitions`` (None: all), replayed in
-        offset order."""
+        offset order up to the log end, as Kafka loads: a new leader's log is the partition's
+        truth, and what it holds above its HW (a former leader's last writes, acknowledged once
+        the ISR had them) becomes committed as its followers fetch it."""
         started = time.monotonic()
         metadata: dict[str, GroupMetadataValue] = {}
         offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
@@ -176,8 +193,10 @@ class GroupMetadataManager:
             if partition is None or partition.offline:  # an offline log dir answers KAFKA_STORAGE_ERROR
                 continue
             offset = partition.log_start_offset
-            while offset < partition.high_watermark:
-                data = partition.read_records(offset, _LOAD_READ_BYTES, min_one_batch=True).records
+            while offset < partition.log_end_offset:
+                data = partition.read_records(
+                    offset, _LOAD_READ_BYTES, min_one_batch=True, up_to_log_end=True
+                ).records
                 if not data:
                     break
                 for batch in decode_batches(data):

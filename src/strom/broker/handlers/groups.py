@@ -98,10 +98,10 @@ async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     coordinator = ctx.broker.group_coordinator
     if not hasattr(request, "members"):  # v0-v2: one member, one top-level error
-        error, errors = coordinator.leave_group(request.group_id, [(request.member_id, None)])
+        error, errors = await coordinator.leave_group(request.group_id, [(request.member_id, None)])
         return build(r.LeaveGroupResponse, error_code=errors[0] if error == ErrorCode.none else error)
     identities = [(m.member_id, m.group_instance_id) for m in request.members]
-    error, errors = coordinator.leave_group(request.group_id, identities)
+    error, errors = await coordinator.leave_group(request.group_id, identities)
     return build(
         r.LeaveGroupResponse,
         error_code=error,
@@ -211,7 +211,7 @@ async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:
 
 async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
-    results = ctx.broker.group_coordinator.delete_groups(list(request.groups_names))
+    results = await ctx.broker.group_coordinator.delete_groups(list(request.groups_names))
     return build(
         r.DeleteGroupsResponse,
         results=tuple(

@@ -15,6 +15,7 @@ MAX_TIMESTAMP = -3
 EARLIEST_LOCAL_TIMESTAMP = -4
 LATEST_TIERED_TIMESTAMP = -5
 READ_COMMITTED = 1
+CONSUMER_REPLICA_ID = -1
 DEBUGGING_REPLICA_ID = -2
 
 
@@ -41,6 +42,16 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                 error = epoch_error
             elif not partition.is_leader and replica_id != DEBUGGING_REPLICA_ID:
                 error = ErrorCode.not_leader_or_follower
+            elif (
+                p.timestamp == LATEST_TIMESTAMP
+                and replica_id == CONSUMER_REPLICA_ID
+                and partition.high_watermark_lags_epoch_start
+            ):
+                # As Kafka: right after an election the new leader's HW may be below the old
+                # leader's, and a "latest" from it would move a consumer's end offsets back (a
+                # stream source takes that for data loss). Retriable: the HW passes the epoch's
+                # start once the ISR's followers have fetched.
+                error = ErrorCode.offset_not_available
             elif p.timestamp == LATEST_TIMESTAMP:
                 if replica_id >= 0:
                     offset = partition.log_end_offset

@@ -67,7 +67,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     if offsets:
         await ctx.broker.prepare_offsets_topic()  # off the event loop, on first use
         errors.update(
-            ctx.broker.group_coordinator.commit_offsets(
+            await ctx.broker.group_coordinator.commit_offsets(
                 request.group_id,
                 getattr(request, "generation_id_or_member_epoch", -1),
                 request.member_id,
@@ -149,7 +149,7 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
 async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     requested = [TopicPartition(t.name, p.partition_index) for t in request.topics for p in t.partitions]
-    error, results = ctx.broker.group_coordinator.delete_offsets(request.group_id, requested)
+    error, results = await ctx.broker.group_coordinator.delete_offsets(request.group_id, requested)
     if error != ErrorCode.none:
         return build(r.OffsetDeleteResponse, error_code=error, topics=())
     return build(
