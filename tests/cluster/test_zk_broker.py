@@ -158,6 +158,7 @@ def test_create_topics_writes_kafkas_znodes_and_states_apply(
     assert all(sorted(r) == [1, 2] for r in topic["partitions"].values())
     config = json.loads(zk.get(znodes.topic_config_path("replicated"))[0])
     assert config == {"version": 1, "config": {"retention.ms": "86400000"}}
+
     # Every broker soon names the leaders and ISRs the controller wrote (a broker names itself
     # leader once it has become leader: until then that partition is LEADER_NOT_AVAILABLE there).
     def shows_the_states(broker: BrokerProcess) -> bool:
