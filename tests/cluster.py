@@ -10,7 +10,10 @@ loopback address (broker N on 127.0.0.(10 + N)), all data under one folder.
 Faults per broker: ``kill`` (SIGKILL), ``stop_broker`` (SIGTERM), ``pause``/``resume``
 (SIGSTOP/SIGCONT: its sockets stay open and nothing answers), ``restart``. With
 ``zookeeper_proxies=True`` each broker reaches ZooKeeper through its own ``NetProxy``
-(``cluster.zk_proxy(n).blackhole()`` cuts that broker off ZooKeeper alone).
+(``cluster.zk_proxy(n).blackhole()`` cuts that broker off ZooKeeper alone). With
+``zookeeper_nodes=3`` ZooKeeper is a quorum of three (``cluster.zookeeper`` is a
+``ZooKeeperEnsemble`` whose nodes die and restart one by one); each broker then has one proxy
+per ZooKeeper node, and ``cut_zookeeper(n)`` / ``heal_zookeeper(n)`` act on all of them.
 
 Two views of the cluster's state: ``partition_state`` / ``controller_id`` read ZooKeeper, the
 truth the controller writes; ``metadata`` asks a broker, which is what clients see. The
@@ -33,7 +36,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError
 from kio.schema.create_topics.v7 import request as create_topics7
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import request as metadata12
@@ -43,6 +46,9 @@ from kafka_wire import REQUEST_TIMEOUT, ZERO_UUID, KafkaWire
 from netproxy import NetProxy
 from strom.broker.zk import znodes
 from strom.cli.local_cluster import ZooKeeperServer, broker_host, log_tail
+from strom.records.batch import InvalidBatchError
+from strom.records.codec import decode_batches
+from zkserver import ZooKeeperEnsemble
 
 T = TypeVar("T")
 
@@ -137,11 +143,17 @@ class Cluster:
         broker_overrides: Mapping[int, Mapping[str, str]] | None = None,
         zookeeper_proxies: bool = False,
         zookeeper_tick_ms: int = 200,
+        zookeeper_nodes: int = 1,
         ready_timeout: float = 30.0,
     ) -> None:
         self.folder = folder
-        self.zookeeper = ZooKeeperServer(folder / "zookeeper", tick_ms=zookeeper_tick_ms)
-        self._zk_proxies: dict[int, NetProxy] = {}
+        self.zookeeper: ZooKeeperServer | ZooKeeperEnsemble = (
+            ZooKeeperServer(folder / "zookeeper", tick_ms=zookeeper_tick_ms)
+            if zookeeper_nodes == 1
+            else ZooKeeperEnsemble(folder / "zookeeper", zookeeper_nodes, tick_ms=zookeeper_tick_ms)
+        )
+        # Per broker, one proxy per ZooKeeper node (the order of zookeeper.connect).
+        self._zk_proxies: dict[int, list[NetProxy]] = {}
         self._use_zk_proxies = zookeeper_proxies
         self._overrides = {**CLUSTER_TEST_CONFIG, **(overrides or {})}
         self._broker_overrides = {n: dict(o) for n, o in (broker_overrides or {}).items()}
@@ -154,8 +166,8 @@ class Cluster:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def _broker_configs(self, broker_id: int) -> dict[str, str]:
-        proxy = self._zk_proxies.get(broker_id)
-        connect = proxy.address if proxy is not None else self.zookeeper.connect
+        proxies = self._zk_proxies.get(broker_id)
+        connect = ",".join(p.address for p in proxies) if proxies else self.zookeeper.connect
         return {
             **self._overrides,
             **self._broker_overrides.get(broker_id, {}),
@@ -171,7 +183,9 @@ class Cluster:
             self.zookeeper.start()
             for n in self.broker_ids:
                 if self._use_zk_proxies:
-                    self._zk_proxies[n] = NetProxy(self.zookeeper.connect).start()
+                    self._zk_proxies[n] = [
+                        NetProxy(node).start() for node in self.zookeeper.connect.split(",")
+                    ]
                 host = broker_host(n)
                 self.brokers[n] = BrokerProcess(
                     self.folder / f"broker-{n}",
@@ -209,8 +223,9 @@ class Cluster:
 
         with ThreadPoolExecutor(max(1, len(self.brokers))) as pool:
             list(pool.map(down, self.brokers.values()))
-        for proxy in self._zk_proxies.values():
-            proxy.stop()
+        for proxies in self._zk_proxies.values():
+            for proxy in proxies:
+                proxy.stop()
         self.zookeeper.stop()
 
     def __enter__(self) -> Cluster:
@@ -227,8 +242,19 @@ class Cluster:
         return self.brokers[broker_id]
 
     def zk_proxy(self, broker_id: int) -> NetProxy:
-        """The proxy on broker ``broker_id``'s link to ZooKeeper (``zookeeper_proxies=True``)."""
-        return self._zk_proxies[broker_id]
+        """The proxy on broker ``broker_id``'s link to ZooKeeper (``zookeeper_proxies=True``; with
+        an ensemble, its link to the first node)."""
+        return self._zk_proxies[broker_id][0]
+
+    def cut_zookeeper(self, broker_id: int) -> None:
+        """Blackhole broker ``broker_id``'s links to every ZooKeeper node: a network partition
+        between it and ZooKeeper (its session expires after zookeeper.session.timeout.ms)."""
+        for proxy in self._zk_proxies[broker_id]:
+            proxy.blackhole()
+
+    def heal_zookeeper(self, broker_id: int) -> None:
+        for proxy in self._zk_proxies[broker_id]:
+            proxy.pass_through()
 
     def kill(self, broker_id: int) -> None:
         """SIGKILL: a crash. Its ZooKeeper session lives on until it times out."""
@@ -269,8 +295,9 @@ class Cluster:
         """Undo what an earlier (maybe failed) test left: resume the paused, start the stopped."""
         for n in list(self.paused):
             self.resume(n)
-        for proxy in self._zk_proxies.values():
-            proxy.pass_through()
+        for proxies in self._zk_proxies.values():
+            for proxy in proxies:
+                proxy.pass_through()
         for broker in self.brokers.values():
             if not broker.running:
                 broker.start()
@@ -342,6 +369,33 @@ class Cluster:
         found = self._get(znodes.topic_path(topic))
         return znodes.TopicZNode.decode(found[0]).partitions if found is not None else {}
 
+    def replica_log(self, broker_id: int, topic: str, partition: int = 0) -> dict[int, bytes | None] | None:
+        """offset -> value in broker ``broker_id``'s copy of a partition, read from its segment
+        files (what ``strom dump-log`` prints); None while a batch is half written."""
+        folder = self.brokers[broker_id].data_dir / f"{topic}-{partition}"
+        records: dict[int, bytes | None] = {}
+        for segment in sorted(folder.glob("*.log")):
+            try:
+                batches = decode_batches(segment.read_bytes())
+            except (InvalidBatchError, FileNotFoundError):  # written or rolled as we read
+                return None
+            for batch in batches:
+                for record in batch.records:
+                    records[record.offset] = record.value
+        return records
+
+    def wait_for_identical_replicas(self, topic: str, partitions: Iterable[int]) -> None:
+        """Until every replica of each partition holds the same records at the same offsets (call
+        it with writes stopped): no offset holds two values, none is missing on a replica."""
+        for p in partitions:
+            replicas = self.assignment(topic).get(p, self.broker_ids)
+
+            def identical(p: int = p, replicas: list[int] = replicas) -> bool:
+                logs = [self.replica_log(n, topic, p) for n in replicas]
+                return all(log is not None and log == logs[0] for log in logs)
+
+            self.wait_for(identical, f"every replica of {topic}-{p} holding the same records")
+
     # -- what clients see --------------------------------------------------------------------
 
     def metadata(self, *topics: str, via: int | None = None, timeout: float = 3.0) -> ClusterMetadata:
@@ -379,9 +433,10 @@ class Cluster:
         configs: Mapping[str, str] | None = None,
         assignments: Mapping[int, list[int]] | None = None,
         timeout: float = 30.0,
+        via: int | None = None,
     ) -> None:
-        """CreateTopics v7 through a live broker; returns once every partition has a leader
-        whose broker agrees it leads (so clients can produce at once)."""
+        """CreateTopics v7 through broker ``via`` (default: the first live one); returns once
+        every partition has a leader whose broker agrees it leads (so clients can produce at once)."""
         topic = create_topics7.CreatableTopic(
             name=name,
             num_partitions=partitions if assignments is None else -1,
@@ -394,7 +449,7 @@ class Cluster:
                 create_topics7.CreatableTopicConfig(name=k, value=v) for k, v in (configs or {}).items()
             ),
         )
-        n = self.live_ids()[0]
+        n = via if via is not None else self.live_ids()[0]
         with KafkaWire(self.brokers[n].host, self.brokers[n].port, timeout=timeout) as wire:
             response = wire.request(
                 create_topics7.CreateTopicsRequest(topics=(topic,), timeout=REQUEST_TIMEOUT)
@@ -415,13 +470,14 @@ class Cluster:
         interval: float = 0.1,
     ) -> T:
         """Poll ``condition`` until it returns something truthy, and return that. Exceptions
-        count as "not yet" (a broker may be between lives); the last one is in the failure."""
+        count as "not yet" (a broker may be between lives, the test's own ZooKeeper session
+        expired with a quorum lost); the last one is in the failure."""
         deadline = time.monotonic() + timeout
         last: object = None
         while True:
             try:
                 value = condition()
-            except (OSError, ConnectionError, AssertionError, KeyError) as exc:
+            except (OSError, ConnectionError, AssertionError, KeyError, KazooException) as exc:
                 value, last = None, exc
             else:
                 last = value

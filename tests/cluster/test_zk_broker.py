@@ -158,6 +158,7 @@ def test_create_topics_writes_kafkas_znodes_and_states_apply(
     assert all(sorted(r) == [1, 2] for r in topic["partitions"].values())
     config = json.loads(zk.get(znodes.topic_config_path("replicated"))[0])
     assert config == {"version": 1, "config": {"retention.ms": "86400000"}}
+
     # Every broker soon names the leaders and ISRs the controller wrote (a broker names itself
     # leader once it has become leader: until then that partition is LEADER_NOT_AVAILABLE there).
     def shows_the_states(broker: BrokerProcess) -> bool:
@@ -311,5 +312,9 @@ def test_a_crashed_broker_registers_again_once_its_old_session_expires(
         timeout=2 * SESSION_TIMEOUT_MS / 1000 + 10,
         what="the new session's registration",
     )
-    metadata = AdminClient({"bootstrap.servers": brokers[1].bootstrap}).list_topics("durable", timeout=10)
-    assert sorted(metadata.brokers) == [1, 2]
+    # Its own registration reaches its view through its watch, a moment after the create.
+    admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    _wait(
+        lambda: sorted(admin.list_topics("durable", timeout=10).brokers) == [1, 2],
+        what="the restarted broker listing both brokers",
+    )

@@ -378,7 +378,9 @@ class ReplicaManager:
             written = await self.cluster.alter_partition(tp.topic, proposed)
         except Exception as e:
             log.warning(
-                "ISR change failed", extra={"partition": str(tp), "isr": proposed.isr, "error": str(e)}
+                # repr: kazoo's errors (SessionExpiredError, ConnectionLoss) have empty messages.
+                "ISR change failed",
+                extra={"partition": str(tp), "isr": proposed.isr, "error": repr(e)},
             )
             written = None
         if (

@@ -31,6 +31,7 @@ from strom.broker.cluster.zookeeper import (
     LeaderNotAvailableError,
     MetadataWaitTimeout,
     ZkControlPlane,
+    ZooKeeperUnavailableError,
     with_retries,
 )
 from strom.broker.config import KafkaConfig
@@ -55,6 +56,9 @@ PRODUCER_ID_BLOCK_SIZE = 1000
 # How long a cluster's admin operation waits for its effect when the request names no timeout
 # (Kafka's default request timeout).
 ADMIN_TIMEOUT_MS = 30_000
+# How much longer than its request's timeout a cluster admin operation may take to answer: its
+# own waits end at the timeout and answer more precisely than ZooKeeperUnavailableError.
+ADMIN_ANSWER_GRACE_S = 1.0
 # How long Metadata's auto-creation of a topic waits for its leaders in a cluster.
 AUTO_CREATE_WAIT_MS = 3_000
 
@@ -599,13 +603,27 @@ class BrokerServer:
         log.info("created topic", extra={"topic": name, "partitions": num_partitions})
         return topic
 
-    async def _admin(self, operation: Coroutine[Any, Any, T]) -> T:
+    async def _admin(self, operation: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run an admin operation to its end even if the requesting client goes away: a half-done
-        change (metadata written, logs not yet created) must not be left behind by a cancellation."""
+        change (metadata written, logs not yet created) must not be left behind by a cancellation.
+
+        In a cluster (``timeout_s``: the request's timeout) the answer does not wait past it: a
+        ZooKeeper call made while the connection is lost waits until it is back, maybe for
+        long, and the client gets ZooKeeperUnavailableError (REQUEST_TIMED_OUT) meanwhile while
+        the operation goes on. A ZooKeeper error is such an answer too, not a closed connection."""
         task = asyncio.ensure_future(operation)
         self._admin_tasks.add(task)
         task.add_done_callback(self._admin_done)
-        return await asyncio.shield(task)
+        if timeout_s is None:
+            return await asyncio.shield(task)
+        # asyncio.wait neither cancels the task at its timeout nor when this request is cancelled.
+        await asyncio.wait({task}, timeout=timeout_s + ADMIN_ANSWER_GRACE_S)
+        if not task.done():
+            raise ZooKeeperUnavailableError("ZooKeeper did not answer within the request's timeout")
+        try:
+            return task.result()
+        except KazooException as e:
+            raise ZooKeeperUnavailableError(f"ZooKeeper: {e!r}") from e
 
     def _admin_done(self, task: asyncio.Future[Any]) -> None:
         self._admin_tasks.discard(task)
@@ -634,7 +652,9 @@ class BrokerServer:
                 assignment = self.cluster.assignment(num_partitions, rf)
             timeout_s = self._timeout_s(timeout_ms)
             deadline = time.monotonic() + timeout_s
-            topic_id = await self._admin(self.cluster.create_topic(name, assignment, configs, timeout_s))
+            topic_id = await self._admin(
+                self.cluster.create_topic(name, assignment, configs, timeout_s), timeout_s
+            )
             # As Kafka answers once the topic's leaders are in the handling broker's metadata: here
             # also once this broker leads the partitions ZooKeeper gives it (so the Metadata it serves
             # next names them), within what is left of the timeout.
@@ -660,22 +680,23 @@ class BrokerServer:
 
     async def delete_topic(self, name: str, timeout_ms: int | None = None) -> TopicState | None:
         if self.cluster is not None:
-            return await self._admin(self.cluster.delete_topic(name, self._timeout_s(timeout_ms)))
+            timeout_s = self._timeout_s(timeout_ms)
+            return await self._admin(self.cluster.delete_topic(name, timeout_s), timeout_s)
         return await self._admin(self._delete_topic(name))
 
     async def create_partitions(
         self, name: str, total: int, assignment: list[list[int]] | None = None, timeout_ms: int | None = None
     ) -> None:
         if self.cluster is not None:
-            await self._admin(
-                self.cluster.create_partitions(name, total, assignment, self._timeout_s(timeout_ms))
-            )
+            timeout_s = self._timeout_s(timeout_ms)
+            await self._admin(self.cluster.create_partitions(name, total, assignment, timeout_s), timeout_s)
             return
         await self._admin(self._create_partitions(name, total))
 
     async def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
         if self.cluster is not None:
-            return await self._admin(self.cluster.set_topic_configs(name, configs, self._timeout_s(None)))
+            timeout_s = self._timeout_s(None)
+            return await self._admin(self.cluster.set_topic_configs(name, configs, timeout_s), timeout_s)
         return await self._admin(self._set_topic_configs(name, configs))
 
     def _timeout_s(self, timeout_ms: int | None) -> float:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, KazooException
+from kazoo.exceptions import BadVersionError, KazooException, SessionExpiredError
 
 from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
@@ -461,7 +461,7 @@ class Controller:
                 # Stop acting at once; the cleanup runs on the event task.
                 self._active = False
                 log.info("controller session expired, resigning", extra={"broker_id": self._broker_id})
-                self._enqueue("resign", lambda: self._resign("session expired"))
+                self._enqueue("resign", self._resign_expired)
         elif state == SessionState.CONNECTED:
             self._enqueue("check-controller", self._check_controller)
             if self._active:
@@ -543,6 +543,13 @@ class Controller:
             # Half-started duties are no duties: give the term up (the event is retried).
             await self._resign_safely("failed to start the controller's duties")
             raise
+
+    async def _resign_expired(self) -> None:
+        # The expired session took its ephemeral /controller with it. Until kazoo has a new
+        # session, ZooKeeper calls fail with SessionExpiredError: the duties are stopped by then,
+        # and there is nothing left in ZooKeeper to clean up.
+        with contextlib.suppress(SessionExpiredError):
+            await self._resign("session expired")
 
     async def _resign_safely(self, reason: str) -> None:
         try:

@@ -77,6 +77,12 @@ class MetadataWaitTimeout(TimeoutError):
     show within the request's timeout; Kafka answers REQUEST_TIMED_OUT then."""
 
 
+class ZooKeeperUnavailableError(MetadataWaitTimeout):
+    """An admin write met a lost ZooKeeper connection or session (kazoo's ConnectionLoss,
+    SessionExpiredError): whether it was made is unknown. Kafka's request would wait for
+    ZooKeeper and time out; the answer is REQUEST_TIMED_OUT, as for MetadataWaitTimeout."""
+
+
 @dataclasses.dataclass(slots=True)
 class _TopicWatches:
     watches: list[Watch] = dataclasses.field(default_factory=list)
@@ -267,10 +273,12 @@ class ZkControlPlane:
         log.info("registered in ZooKeeper", extra={"broker": self.node_id, "path": path})
 
     def _on_session(self, state: str) -> None:
+        if self._closing:
+            return  # closing the session reports it lost too; that is no expiry
         if state == SessionState.EXPIRED:
             log.warning("ZooKeeper session expired", extra={"broker": self.node_id})
             self._session_expired = True
-        elif state == SessionState.CONNECTED and self._session_expired and not self._closing:
+        elif state == SessionState.CONNECTED and self._session_expired:
             # A new session: the old one's ephemeral registration is gone, register again.
             self._session_expired = False
             if self._registration is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from strom.broker.cluster.zookeeper import ZooKeeperUnavailableError
 from strom.broker.config import BROKER_CONFIGS
 from strom.broker.dispatcher import RequestContext
 from strom.broker.dynamic_config import DynamicConfigRefused
@@ -135,6 +136,8 @@ async def _apply_topic_configs(
             ) from exc
         except KafkaStorageError as exc:
             raise ConfigRequestError(ErrorCode.kafka_storage_error, str(exc)) from exc
+        except ZooKeeperUnavailableError as exc:
+            raise ConfigRequestError(ErrorCode.request_timed_out, str(exc)) from exc
 
 
 async def _alter_broker(
