@@ -88,6 +88,7 @@ class BrokerProcess:
         self.ready_timeout = ready_timeout
         self._env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
 
     @property
     def bootstrap(self) -> str:
@@ -128,6 +129,8 @@ class BrokerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = self.command()
+        # Wall-clock start of this run: what the broker registers (in ZooKeeper) is newer.
+        self.started_at = time.time()
         # Append: after restarts the log keeps every run, each behind a header line.
         with self.log_path.open("ab") as log:
             log.write(f"--- {time.strftime('%H:%M:%S')} start: {' '.join(args)}\n".encode())

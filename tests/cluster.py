@@ -332,11 +332,22 @@ class Cluster:
         return data, stat
 
     def registered_brokers(self) -> set[int]:
-        """Broker ids with a live registration (ephemeral /brokers/ids/N)."""
+        """Broker ids with a live registration (ephemeral /brokers/ids/N) made by the broker's current
+        process: after a SIGKILL the old session's registration lingers until it expires, and the
+        restarted broker registers only then."""
+        registered = set()
         try:
-            return {int(child) for child in self.zk.get_children(znodes.BROKER_IDS)}
+            children = self.zk.get_children(znodes.BROKER_IDS)
         except NoNodeError:
-            return set()
+            return registered
+        for child in children:
+            broker_id = int(child)
+            stat = self.zk.exists(znodes.broker_path(broker_id))
+            broker = self.brokers.get(broker_id)
+            # ZooKeeper's ctime and the test's clock are the same machine's wall clock.
+            if stat is not None and (broker is None or stat.ctime / 1000 >= broker.started_at - 1):
+                registered.add(broker_id)
+        return registered
 
     def broker_epoch(self, broker_id: int) -> int | None:
         """The registration's creation zxid: Kafka's broker epoch, new at every (re)registration."""
