@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.fetch.v13 import request as fetch13
 
 from brokerproc import BrokerProcess
@@ -146,3 +147,28 @@ def test_full_cache_gives_no_session_to_a_consumer(wire: KafkaWire, topic_id: uu
     # Two slots, both young consumer sessions of one partition: a third is answered without one.
     third = fetch(wire, topic_id, {0: 0})
     assert third.session_id == 0 and list(answered(third)) == [0]
+    for session_id in (first, second):
+        assert fetch(wire, topic_id, {0: 0}, session_id=session_id, epoch=-1).session_id == 0
+
+
+def test_a_session_by_topic_id_refuses_fetches_by_name(wire: KafkaWire, topic_id: uuid.UUID) -> None:
+    session_id = fetch(wire, topic_id, {0: 0}).session_id
+    assert session_id != 0
+    by_name = wire.request(
+        fetch12.FetchRequest(
+            replica_id=-1,
+            max_wait=datetime.timedelta(milliseconds=0),
+            min_bytes=0,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=session_id,
+            session_epoch=1,
+            topics=(),
+            forgotten_topics_data=(),
+            rack_id="",
+        )
+    )
+    assert (by_name.error_code, by_name.responses) == (ErrorCode.fetch_session_topic_id_error, ())
+    # The session itself goes on.
+    assert fetch(wire, topic_id, {}, session_id=session_id, epoch=1).error_code == ErrorCode.none
+    fetch(wire, topic_id, {}, session_id=session_id, epoch=-1)
