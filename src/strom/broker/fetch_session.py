@@ -119,9 +119,6 @@ class FetchSession:
         # The epoch the next incremental fetch must carry.
         self.epoch = next_epoch(INITIAL_EPOCH)
 
-    def __len__(self) -> int:
-        return len(self.partitions)
-
     def update(self, requested: Iterable[RequestedPartition], forgotten: Iterable[PartitionKey]) -> None:
         """Apply an incremental fetch: listed partitions are added or take the new request
         parameters (keeping the last answer), forgotten ones leave the session."""
@@ -210,10 +207,6 @@ class FetchSessionCache:
 
     def __len__(self) -> int:
         return len(self._sessions)
-
-    @property
-    def total_partitions(self) -> int:
-        return sum(len(s) for s in self._sessions.values())
 
     def get(self, session_id: int) -> FetchSession | None:
         return self._sessions.get(session_id)

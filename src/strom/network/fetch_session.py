@@ -48,10 +48,6 @@ class FetchSessionHandler(Generic[K, D]):
         # The partitions the broker's session holds, as last sent.
         self._partitions: dict[K, D] = {}
 
-    @property
-    def partitions(self) -> Mapping[K, D]:
-        return self._partitions
-
     def build(self, wanted: Mapping[K, D]) -> FetchSessionRequest[K, D]:
         request: FetchSessionRequest[K, D] = FetchSessionRequest(self.session_id, self.epoch)
         if self.epoch == INITIAL_EPOCH:
