@@ -212,6 +212,13 @@ _IMPLEMENTED = (
         dynamic=True,
     ),
     _key(
+        "max.incremental.fetch.session.cache.slots",
+        T.INT,
+        1000,
+        Range(0),
+        "The most incremental fetch sessions (KIP-227) the broker keeps.",
+    ),
+    _key(
         "max.request.partition.size.limit",
         T.INT,
         2000,
@@ -823,6 +830,9 @@ class KafkaConfig:
         self.max_connections_per_ip_overrides: dict[str, int] = self._ip_overrides()
         self.fetch_max_bytes: int = self._int("fetch.max.bytes")
         self.max_request_partition_size_limit: int = self._int("max.request.partition.size.limit")
+        self.max_incremental_fetch_session_cache_slots: int = self._int(
+            "max.incremental.fetch.session.cache.slots"
+        )
         if 0 < self.queued_max_request_bytes < self.socket_request_max_bytes:
             raise ConfigError("queued.max.request.bytes must be larger or equal to socket.request.max.bytes")
         if self.max_connections_per_ip == 0 and not self.max_connections_per_ip_overrides:

@@ -20,11 +20,12 @@ import time
 import uuid
 import zlib
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from strom.broker.partition import Partition, TopicPartition
 from strom.network.connection import BrokerConnection
+from strom.network.fetch_session import FetchSessionHandler
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
@@ -44,6 +45,11 @@ FETCH_MIN_VERSION = 12
 FETCH_MAX_VERSION = 17
 OFFSET_FOR_LEADER_EPOCH_VERSION = (3, 4)  # v3 brings replica_id
 LIST_OFFSETS_VERSION = (1, 8)
+ZERO_UUID = uuid.UUID(int=0)
+# A partition of the follower's fetch session: the partition and its topic's id.
+SessionPartition = tuple[TopicPartition, uuid.UUID]
+# Top-level fetch errors after which the follower opens a new session at once.
+SESSION_ERRORS = frozenset({ErrorCode.fetch_session_id_not_found, ErrorCode.invalid_fetch_session_epoch})
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,19 @@ class ReplicationConfig:
             num_replica_fetchers=config.num_replica_fetchers,
             bind_host=bind_host,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartitionRequest:
+    """What a follower's fetch asks of one partition; the fetch session sends it again only
+    when it changed (compared by value, the partition's fetch state by identity)."""
+
+    state: PartitionFetchState = field(compare=False)
+    topic_id: uuid.UUID
+    leader_epoch: int
+    fetch_offset: int
+    last_fetched_epoch: int
+    log_start_offset: int
 
 
 @dataclass(slots=True)
@@ -118,6 +137,9 @@ class ReplicaFetcher:
         self._changed = asyncio.Event()
         self._connection: BrokerConnection | None = None
         self._task: asyncio.Task[None] | None = None
+        # KIP-227: one fetch session with the leader, kept across reconnections as Kafka does.
+        self._session: FetchSessionHandler[SessionPartition, FetchPartitionRequest] = FetchSessionHandler()
+        self._session_uses_topic_ids = True
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -289,32 +311,54 @@ class ReplicaFetcher:
         version = connection.version(ApiKey.FETCH, FETCH_MAX_VERSION, FETCH_MIN_VERSION)
         module = request_module(ApiKey.FETCH, version)
         by_id = version >= 13
-        sent: dict[TopicPartition, tuple[PartitionFetchState, int]] = {}
-        by_topic: dict[tuple[str, uuid.UUID], list[Any]] = defaultdict(list)
+        # What this fetch asks of every partition; the session sends only what changed. A topic
+        # deleted and created again under its name is another partition: keyed with its id.
+        wanted: dict[SessionPartition, FetchPartitionRequest] = {}
         for tp, state in states.items():
             partition = self._current(tp, state)
             if partition is None:
                 continue
-            fetch_offset = partition.log_end_offset
             latest = partition.log.leader_epoch_cache.latest_epoch
-            sent[tp] = (state, fetch_offset)
-            by_topic[(tp.topic, state.topic_id)].append(
+            wanted[(tp, state.topic_id)] = FetchPartitionRequest(
+                state,
+                state.topic_id,
+                state.leader_epoch,
+                partition.log_end_offset,
+                -1 if latest is None else latest,
+                partition.log_start_offset,
+            )
+        if not wanted:
+            return
+        session = self._session
+        if by_id != self._session_uses_topic_ids:
+            # A session is tied to whether it names topics by id: a new version needs a new one.
+            session.close_existing()
+            self._session_uses_topic_ids = by_id
+        next_fetch = session.build(wanted)
+        by_topic: dict[tuple[str, uuid.UUID], list[Any]] = defaultdict(list)
+        for (tp, _), data in next_fetch.to_send.items():
+            by_topic[(tp.topic, data.topic_id)].append(
                 build(
                     module.FetchPartition,
                     partition=tp.partition,
-                    current_leader_epoch=state.leader_epoch,
-                    fetch_offset=fetch_offset,
-                    last_fetched_epoch=-1 if latest is None else latest,
-                    log_start_offset=partition.log_start_offset,
+                    current_leader_epoch=data.leader_epoch,
+                    fetch_offset=data.fetch_offset,
+                    last_fetched_epoch=data.last_fetched_epoch,
+                    log_start_offset=data.log_start_offset,
                     partition_max_bytes=config.replica_fetch_max_bytes,
                 )
             )
-        if not sent:
-            return
-        names = {topic_id: name for name, topic_id in by_topic}
+        forgotten: dict[tuple[str, uuid.UUID], list[int]] = defaultdict(list)
+        for tp, topic_id in next_fetch.to_forget:
+            forgotten[(tp.topic, topic_id)].append(tp.partition)
+        names = {topic_id: tp.topic for tp, topic_id in wanted}
         topics = tuple(
             build(module.FetchTopic, topic=name, topic_id=topic_id, partitions=tuple(parts))
             for (name, topic_id), parts in by_topic.items()
+        )
+        forgotten_topics = tuple(
+            build(module.ForgottenTopic, topic=name, topic_id=topic_id, partitions=tuple(parts))
+            for (name, topic_id), parts in forgotten.items()
         )
         fields: dict[str, Any] = {"replica_id": node_id}
         if version >= 15:
@@ -325,19 +369,28 @@ class ReplicaFetcher:
             min_bytes=config.replica_fetch_min_bytes,
             max_bytes=config.replica_fetch_response_max_bytes,
             isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
+            session_id=next_fetch.session_id,
+            session_epoch=next_fetch.epoch,
             topics=topics,
-            forgotten_topics_data=(),
+            forgotten_topics_data=forgotten_topics,
             rack_id="",
             **fields,
         )
         timeout = (config.replica_socket_timeout_ms + config.replica_fetch_wait_max_ms) / 1000
-        response = await connection.send(request, timeout=timeout)
-        if response.error_code != ErrorCode.none:
-            raise ConnectionError(
-                f"fetch from broker {self.leader_id} failed: {ErrorCode(response.error_code).name}"
-            )
+        try:
+            response = await connection.send(request, timeout=timeout)
+        except BaseException:
+            session.handle_error()
+            raise
+        error = ErrorCode(response.error_code)
+        if not session.handle_response(next_fetch, error, response.session_id):
+            if error in SESSION_ERRORS:
+                # The leader lost the session (evicted, restarted) or the epochs differ: the
+                # next fetch is full and opens a new session, at once.
+                log.info("fetch session reset", extra={"leader": self.leader_id, "error": error.name})
+                return
+            raise ConnectionError(f"fetch from broker {self.leader_id} failed: {error.name}")
+        sent_ids = {} if by_id else {tp: topic_id for tp, topic_id in wanted}
         out_of_range: list[tuple[TopicPartition, PartitionFetchState]] = []
         for topic in response.responses:
             name = names.get(topic.topic_id) if by_id else topic.topic
@@ -345,23 +398,28 @@ class ReplicaFetcher:
                 continue
             for data in topic.partitions:
                 tp = TopicPartition(name, data.partition_index)
-                entry = sent.get(tp)
-                if entry is None:
+                sent = wanted.get((tp, topic.topic_id if by_id else sent_ids.get(tp, ZERO_UUID)))
+                if sent is None:
                     continue
-                state, fetch_offset = entry
+                state = sent.state
                 partition = self._current(tp, state)
-                if partition is None or partition.log_end_offset != fetch_offset:
-                    continue  # removed, re-added or truncated since the request
-                error = ErrorCode(data.error_code)
-                if error == ErrorCode.none:
+                if partition is None or partition.log_end_offset != sent.fetch_offset:
+                    # Removed, re-added or truncated since the request: this answer is dropped,
+                    # and the leader, which thinks it was delivered, will not repeat its high
+                    # watermark; a full fetch next time brings every partition's up to date.
+                    session.close_existing()
+                    continue
+                partition_error = ErrorCode(data.error_code)
+                if partition_error == ErrorCode.none:
                     self._process(partition, state, data)
-                elif error == ErrorCode.offset_out_of_range:
+                elif partition_error == ErrorCode.offset_out_of_range:
                     out_of_range.append((tp, state))
                 else:
                     # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, ...: the leader's
                     # view differs from ours; a new partition state will come.
                     log.info(
-                        "replica fetch error; retrying", extra={"partition": str(tp), "error": error.name}
+                        "replica fetch error; retrying",
+                        extra={"partition": str(tp), "error": partition_error.name},
                     )
                     self._delay(tp, state)
         for tp, state in out_of_range:

@@ -44,6 +44,7 @@ from strom.broker.dynamic_config import (
     LocalDynamicConfigStore,
     ZkDynamicConfigStore,
 )
+from strom.broker.fetch_session import FetchSessionCache
 from strom.broker.handlers import HANDLERS
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 from strom.broker.partition import TopicPartition
@@ -150,6 +151,8 @@ class BrokerServer:
             cluster=self.cluster,
             replication=ReplicationConfig.from_kafka_config(config),
         )
+        # KIP-227 incremental fetch sessions of followers and consumers fetching from this broker.
+        self.fetch_sessions = FetchSessionCache(config.max_incremental_fetch_session_cache_slots)
         # A cluster's controller (the broker contends for /controller) and the partition states
         # this broker applied, (leader epoch, partition epoch) per partition, by topic.
         self.controller: Controller | None = None

@@ -19,6 +19,7 @@ from strom.client.consumer.structs import LogTruncationError, OffsetAndMetadata
 from strom.client.consumer.subscription_state import OffsetResetStrategy, SubscriptionState
 from strom.client.producer.accumulator import RecordAccumulator
 from strom.client.producer.sender import Sender
+from strom.network.fetch_session import FetchSessionHandler
 from strom.network.pool import Node
 from strom.protocol.apis import ApiKey, response_module
 from strom.protocol.errors import ErrorCode
@@ -393,7 +394,9 @@ def test_fetches_carry_the_leader_epoch_and_follow_a_hint() -> None:
         fetcher.on_metadata_update(client.cluster)
         state = subscriptions.assignment[TP]
         state.leader_epoch = 5
-        request = fetcher._build_fetch({TP: (100, state.epoch, 5)})(FakeConnection())  # type: ignore[arg-type]
+        session: FetchSessionHandler[TopicPartition, tuple[int, int]] = FetchSessionHandler()
+        build_request = fetcher._build_fetch({TP: (100, state.epoch, 5)}, session, [])
+        request = build_request(FakeConnection())  # type: ignore[arg-type]
         assert request.topics[0].partitions[0].current_leader_epoch == 5
         module = response_module(ApiKey.FETCH, 12)
         response = build(
@@ -418,7 +421,7 @@ def test_fetches_carry_the_leader_epoch_and_follow_a_hint() -> None:
                 ),
             ),
         )
-        queued, refresh = fetcher._handle_fetch_response(response, {TP: (100, state.epoch, 5)})
+        queued, refresh = fetcher._handle_fetch_response(response, {TP: (100, state.epoch, 5)}, session)
         assert (queued, refresh) == (False, False)  # the hint named a known broker: no refresh needed
         assert state.current_leader == (3, 7) and state.awaiting_validation
 

@@ -4,16 +4,31 @@ A response holds at most the broker's fetch.max.bytes (KIP-541) or the request's
 max_bytes, whichever is smaller -- except that the first partition with data always
 gets one whole batch, as in Kafka, so a batch larger than the limits is not stuck.
 
-Strom does not create incremental fetch sessions (KIP-227): every response carries
-session id 0, so clients keep sending full requests, and every requested
-partition appears in every response.
+Incremental fetch sessions (KIP-227, ``strom.broker.fetch_session``) from v7: a full fetch
+with session epoch 0 opens a session and its response carries the session id; incremental
+fetches name the session and its next epoch, list only the partitions whose request changed
+and forget the ones dropped; the broker reads every partition of the session and answers only
+those with records, a changed high watermark, last stable offset or log start offset, an error
+or a diverging epoch. Epoch -1 is a sessionless full fetch, answered with session id 0 and
+every requested partition, as before KIP-227 (librdkafka and aiokafka fetch so). An unknown
+session is FETCH_SESSION_ID_NOT_FOUND, a wrong epoch INVALID_FETCH_SESSION_EPOCH, and a
+session used across the v13 topic-id boundary FETCH_SESSION_TOPIC_ID_ERROR.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+from strom.broker.cluster.metadata import TopicState
 from strom.broker.dispatcher import RequestContext
+from strom.broker.fetch_session import (
+    FINAL_EPOCH,
+    INVALID_SESSION_ID,
+    PartitionKey,
+    RequestedPartition,
+    TopicKey,
+)
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import FetchRequestPartition, FetchResult
 from strom.protocol.errors import ErrorCode
@@ -30,57 +45,87 @@ def replica_id_of(version: int, request: Any) -> int:
     return int(getattr(request, "replica_id", -1))
 
 
+def requested_partitions(version: int, request: Any) -> tuple[list[RequestedPartition], list[PartitionKey]]:
+    """The partitions a fetch lists and those it forgets, keyed by topic id from v13, else name."""
+    by_id = version >= 13
+    requested = [
+        RequestedPartition(
+            (fetch_topic.topic_id if by_id else fetch_topic.topic, p.partition),
+            p.fetch_offset,
+            max(0, p.partition_max_bytes),
+            log_start_offset=getattr(p, "log_start_offset", -1),
+            current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+            last_fetched_epoch=getattr(p, "last_fetched_epoch", -1),
+        )
+        for fetch_topic in request.topics
+        for p in fetch_topic.partitions
+    ]
+    forgotten: list[PartitionKey] = [
+        (topic.topic_id if by_id else topic.topic, partition)
+        for topic in getattr(request, "forgotten_topics_data", None) or ()
+        for partition in topic.partitions
+    ]
+    return requested, forgotten
+
+
 async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     image = broker.control_plane.image
     r = ctx.response
-    session_id = getattr(request, "session_id", 0)
-    if session_id != 0:
-        return build(
-            r.FetchResponse, error_code=ErrorCode.fetch_session_id_not_found, session_id=0, responses=()
-        )
-
     by_id = ctx.version >= 13
     replica_id = replica_id_of(ctx.version, request)
+    requested, forgotten = requested_partitions(ctx.version, request)
+    # Before v7 there are no sessions: every fetch is a sessionless full fetch.
+    context = broker.fetch_sessions.new_context(
+        getattr(request, "session_id", INVALID_SESSION_ID),
+        getattr(request, "session_epoch", FINAL_EPOCH),
+        requested,
+        forgotten,
+        uses_topic_ids=by_id,
+        privileged=replica_id >= 0,
+    )
+    if context.error != ErrorCode.none:
+        return build(r.FetchResponse, error_code=context.error, session_id=INVALID_SESSION_ID, responses=())
+
     reads: list[FetchRequestPartition] = []
     errors: dict[TopicPartition, FetchResult] = {}
-    order: list[tuple[Any, list[TopicPartition]]] = []
-    for fetch_topic in request.topics:
-        if by_id:
-            topic = image.topic_by_id(fetch_topic.topic_id)
-            key: Any = fetch_topic.topic_id
-            name = topic.name if topic is not None else str(fetch_topic.topic_id)
-            unknown = ErrorCode.unknown_topic_id
-        else:
-            key = name = fetch_topic.topic
-            topic = image.topic(name)
-            unknown = ErrorCode.unknown_topic_or_partition
-        tps = []
-        for p in fetch_topic.partitions:
-            tp = TopicPartition(name, p.partition)
-            tps.append(tp)
-            partition = broker.replica_manager.partition(tp) if topic is not None else None
-            if partition is None:
-                offline = topic is not None and broker.replica_manager.is_offline(tp)
-                errors[tp] = FetchResult(ErrorCode.kafka_storage_error if offline else unknown)
-                continue
-            epoch_error = partition.leader_epoch_error(getattr(p, "current_leader_epoch", -1))
-            if epoch_error is None and not partition.is_leader:
-                # No fetch from followers (KIP-392 is not implemented): only the leader serves.
-                epoch_error = ErrorCode.not_leader_or_follower
-            if epoch_error is not None:
-                errors[tp] = FetchResult(epoch_error)
-                continue
-            reads.append(
-                FetchRequestPartition(
-                    tp,
-                    p.fetch_offset,
-                    max(0, p.partition_max_bytes),
-                    last_fetched_epoch=getattr(p, "last_fetched_epoch", -1),
-                    log_start_offset=getattr(p, "log_start_offset", -1),
-                )
+    # Each partition of the fetch (its request, or its whole session) and its name.
+    tps: dict[PartitionKey, TopicPartition] = {}
+    topics: dict[TopicKey, tuple[str, TopicState | None]] = {}
+    unknown = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
+    for p in context.partitions:
+        topic_key, index = p.key
+        resolved = topics.get(topic_key)
+        if resolved is None:
+            if isinstance(topic_key, uuid.UUID):
+                topic = image.topic_by_id(topic_key)
+                resolved = (topic.name if topic is not None else str(topic_key), topic)
+            else:
+                resolved = (str(topic_key), image.topic(str(topic_key)))
+            topics[topic_key] = resolved
+        name, topic = resolved
+        tp = tps[p.key] = TopicPartition(name, index)
+        partition = broker.replica_manager.partition(tp) if topic is not None else None
+        if partition is None:
+            offline = topic is not None and broker.replica_manager.is_offline(tp)
+            errors[tp] = FetchResult(ErrorCode.kafka_storage_error if offline else unknown)
+            continue
+        epoch_error = partition.leader_epoch_error(p.current_leader_epoch)
+        if epoch_error is None and not partition.is_leader:
+            # No fetch from followers (KIP-392 is not implemented): only the leader serves.
+            epoch_error = ErrorCode.not_leader_or_follower
+        if epoch_error is not None:
+            errors[tp] = FetchResult(epoch_error)
+            continue
+        reads.append(
+            FetchRequestPartition(
+                tp,
+                p.fetch_offset,
+                p.max_bytes,
+                last_fetched_epoch=p.last_fetched_epoch,
+                log_start_offset=p.log_start_offset,
             )
-        order.append((key, tps))
+        )
 
     max_wait_ms = to_ms(request.max_wait)
     max_bytes = max(0, min(getattr(request, "max_bytes", 0x7FFFFFFF), broker.config.fetch_max_bytes))
@@ -90,13 +135,19 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         reads, max_wait_ms, request.min_bytes, max_bytes, replica_id=replica_id
     )
     results.update(errors)
+    error, session_id, answered = context.respond({key: results[tp] for key, tp in tps.items()})
+    if error != ErrorCode.none:
+        return build(r.FetchResponse, error_code=error, session_id=session_id, responses=())
     hints = leader_hints(
-        broker.replica_manager, [tp for tp, result in results.items() if result.error in LEADER_ERRORS]
+        broker.replica_manager,
+        [tps[key] for key in answered if results[tps[key]].error in LEADER_ERRORS],
     )
 
-    responses = []
-    for key, tps in order:
-        partitions = tuple(
+    by_topic: dict[TopicKey, list[Any]] = {}
+    for key in answered:
+        tp = tps[key]
+        result = results[tp]
+        by_topic.setdefault(key[0], []).append(
             build(
                 r.PartitionData,
                 partition_index=tp.partition,
@@ -109,16 +160,20 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
                 records=result.records,
                 **_partition_hints(r, tp, result, hints),
             )
-            for tp in tps
-            for result in (results[tp],)
         )
-        topic_key = {"topic_id": key} if by_id else {"topic": key}
-        responses.append(build(r.FetchableTopicResponse, partitions=partitions, **topic_key))
+    responses = tuple(
+        build(
+            r.FetchableTopicResponse,
+            partitions=tuple(partitions),
+            **({"topic_id": topic_key} if by_id else {"topic": topic_key}),
+        )
+        for topic_key, partitions in by_topic.items()
+    )
     return build(
         r.FetchResponse,
         error_code=ErrorCode.none,
-        session_id=0,
-        responses=tuple(responses),
+        session_id=session_id,
+        responses=responses,
         node_endpoints=node_endpoints(r, broker.replica_manager, hints),
     )
 

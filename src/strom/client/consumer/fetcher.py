@@ -57,6 +57,7 @@ from strom.network.connection import (
     RequestTimeoutError,
     UnsupportedVersionError,
 )
+from strom.network.fetch_session import FetchSessionHandler, FetchSessionRequest
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.messages import build
 from strom.records.batch import InvalidBatchError
@@ -67,6 +68,9 @@ log = logging.getLogger(__name__)
 # Fetch v13+ names topics by id; v4 is the first with isolation levels and aborted transactions.
 FETCH_MIN_VERSION = 4
 FETCH_MAX_VERSION = 12
+FETCH_SESSION_MIN_VERSION = 7  # KIP-227 incremental fetch sessions
+# Top-level fetch errors after which the next fetch opens a new session, without a backoff.
+_SESSION_ERRORS = frozenset({ErrorCode.fetch_session_id_not_found, ErrorCode.invalid_fetch_session_epoch})
 LIST_OFFSETS_MIN_VERSION = 1
 LIST_OFFSETS_MAX_VERSION = 10
 # v3 is the first that takes the current leader epoch (fencing a stale leader), as Kafka's consumer needs.
@@ -179,6 +183,8 @@ class Fetcher:
         # moves partitions to the end, and its brokers rotate fetch sessions, for the same reason).
         self._last_data: dict[TopicPartition, int] = {}
         self._responses = 0
+        # KIP-227: a fetch session with each broker (partition -> (fetch offset, leader epoch)).
+        self._sessions: dict[int, FetchSessionHandler[TopicPartition, tuple[int, int]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._initializing: set[TopicPartition] = set()
         self._resetting: set[TopicPartition] = set()
@@ -338,7 +344,11 @@ class Fetcher:
                 if leader.node_id in self._in_flight:
                     continue
                 leader_epoch = state.current_leader[1] if state.current_leader is not None else -1
-                requests.setdefault(leader.node_id, {})[tp] = (state.fetch_position, state.epoch, leader_epoch)
+                requests.setdefault(leader.node_id, {})[tp] = (
+                    state.fetch_position,
+                    state.epoch,
+                    leader_epoch,
+                )
             if len(self._last_data) > len(self.subscriptions.assignment):
                 assigned = self.subscriptions.assignment
                 self._last_data = {tp: n for tp, n in self._last_data.items() if tp in assigned}
@@ -417,7 +427,9 @@ class Fetcher:
             self._validating.update(partitions)
             self._spawn(self._validate(node_id, partitions))
 
-    async def _validate(self, node_id: int, partitions: dict[TopicPartition, tuple[int, int, int, int]]) -> None:
+    async def _validate(
+        self, node_id: int, partitions: dict[TopicPartition, tuple[int, int, int, int]]
+    ) -> None:
         """OffsetForLeaderEpoch for positions awaiting validation, from their current leader."""
         retry = False
         try:
@@ -428,8 +440,10 @@ class Fetcher:
                 log.debug("cannot validate positions on broker %d: %s", node_id, exc)
                 answers = {tp: (ErrorCode.none, -1, -2) for tp in partitions}
             truncation = self._complete_validation(partitions, answers)
-            retry = truncation or len(answers) < len(partitions) or any(
-                error != ErrorCode.none for error, _, _ in answers.values()
+            retry = (
+                truncation
+                or len(answers) < len(partitions)
+                or any(error != ErrorCode.none for error, _, _ in answers.values())
             )
         except (KafkaConnectionError, RequestTimeoutError, KafkaException) as exc:
             log.info("validating positions on broker %d failed: %s", node_id, exc)
@@ -518,7 +532,9 @@ class Fetcher:
                     if error in _VALIDATION_METADATA_ERRORS:
                         refresh = True
                     elif not error.retriable and error != ErrorCode.unknown_leader_epoch:
-                        self._pending_error = KafkaException.from_code(error, f"OffsetForLeaderEpoch for {tp}")
+                        self._pending_error = KafkaException.from_code(
+                            error, f"OffsetForLeaderEpoch for {tp}"
+                        )
                     log.debug("validating %s: %s", tp, error.name)
                     continue
                 if end_offset == -2:
@@ -526,13 +542,15 @@ class Fetcher:
                 elif end_offset < 0 or leader_epoch < 0:
                     # The new leader knows no epoch at or before ours: everything from it is gone.
                     if subscriptions.default_reset_strategy is OffsetResetStrategy.NONE:
-                        log.warning("%s: truncation detected at offset %d; no reset policy is set", tp, position)
+                        log.warning(
+                            "%s: truncation detected at offset %d; no reset policy is set", tp, position
+                        )
                         truncated[tp] = position
                     else:
-                        log.warning("%s: truncation detected at offset %d; resetting the offset", tp, position)
-                        subscriptions.request_reset(
-                            [tp], subscriptions.default_reset_strategy
+                        log.warning(
+                            "%s: truncation detected at offset %d; resetting the offset", tp, position
                         )
+                        subscriptions.request_reset([tp], subscriptions.default_reset_strategy)
                 elif end_offset < position:
                     if subscriptions.default_reset_strategy is OffsetResetStrategy.NONE:
                         log.warning(
@@ -575,15 +593,29 @@ class Fetcher:
             )
 
     def _build_fetch(
-        self, partitions: dict[TopicPartition, tuple[int, int, int]]
+        self,
+        partitions: dict[TopicPartition, tuple[int, int, int]],
+        session: FetchSessionHandler[TopicPartition, tuple[int, int]],
+        sent: list[FetchSessionRequest[TopicPartition, tuple[int, int]]],
     ) -> Callable[[BrokerConnection], Any]:
-        by_topic: dict[str, list[tuple[int, int, int]]] = {}
-        for tp, (offset, _, leader_epoch) in partitions.items():
-            by_topic.setdefault(tp.topic, []).append((tp.partition, offset, leader_epoch))
+        """The Fetch of ``partitions``: through ``session`` from v7 (what it sent goes to ``sent``),
+        else a sessionless full fetch."""
 
         def build_request(connection: BrokerConnection) -> Any:
             version = connection.version(ApiKey.FETCH, FETCH_MAX_VERSION, FETCH_MIN_VERSION)
             module = request_module(ApiKey.FETCH, version)
+            wanted = {tp: (offset, leader_epoch) for tp, (offset, _, leader_epoch) in partitions.items()}
+            session_id, epoch = 0, -1  # a sessionless full fetch
+            forgotten: dict[str, list[int]] = {}
+            if version >= FETCH_SESSION_MIN_VERSION:
+                next_fetch = session.build(wanted)
+                sent.append(next_fetch)
+                session_id, epoch, wanted = next_fetch.session_id, next_fetch.epoch, next_fetch.to_send
+                for tp in next_fetch.to_forget:
+                    forgotten.setdefault(tp.topic, []).append(tp.partition)
+            by_topic: dict[str, list[tuple[int, int, int]]] = {}
+            for tp, (offset, leader_epoch) in wanted.items():
+                by_topic.setdefault(tp.topic, []).append((tp.partition, offset, leader_epoch))
             topics = tuple(
                 build(
                     module.FetchTopic,
@@ -610,10 +642,13 @@ class Fetcher:
                 min_bytes=self.min_bytes,
                 max_bytes=self.max_bytes,
                 isolation_level=self.isolation_level,
-                session_id=0,
-                session_epoch=-1,  # a full fetch, no fetch session
+                session_id=session_id,
+                session_epoch=epoch,
                 topics=topics,
-                forgotten_topics_data=(),
+                forgotten_topics_data=tuple(
+                    build(module.ForgottenTopic, topic=topic, partitions=tuple(numbers))
+                    for topic, numbers in forgotten.items()
+                ),
                 rack_id=self.rack_id,
             )
 
@@ -621,17 +656,33 @@ class Fetcher:
 
     async def _fetch(self, node_id: int, partitions: dict[TopicPartition, tuple[int, int, int]]) -> None:
         queued = False
+        session = self._sessions.get(node_id)
+        if session is None:
+            session = self._sessions[node_id] = FetchSessionHandler()
+        sent: list[FetchSessionRequest[TopicPartition, tuple[int, int]]] = []
         try:
-            response = await self.client.send(
-                node_id,
-                self._build_fetch(partitions),
-                timeout=self.request_timeout + self.max_wait_ms / 1000,
-            )
-            if response.error_code != ErrorCode.none:
-                raise KafkaException.from_code(response.error_code, f"Fetch from broker {node_id}")
-            queued, retry = self._handle_fetch_response(response, partitions)
-            if retry and not queued:
-                await self.client.backoff(0)  # not straight back to a broker that is not the leader
+            try:
+                response = await self.client.send(
+                    node_id,
+                    self._build_fetch(partitions, session, sent),
+                    timeout=self.request_timeout + self.max_wait_ms / 1000,
+                )
+            except BaseException:
+                session.handle_error()
+                raise
+            error = ErrorCode(response.error_code)
+            if sent:
+                session.handle_response(sent[0], error, response.session_id)
+            if error in _SESSION_ERRORS:
+                # The broker lost the session or the epochs differ: the next fetch, full, opens
+                # a new one at once.
+                log.info("fetch session with broker %s reset: %s", node_id, error.name)
+            elif error != ErrorCode.none:
+                raise KafkaException.from_code(error, f"Fetch from broker {node_id}")
+            else:
+                queued, retry = self._handle_fetch_response(response, partitions, session)
+                if retry and not queued:
+                    await self.client.backoff(0)  # not straight back to a broker that is not the leader
         except (KafkaConnectionError, RequestTimeoutError, KafkaException) as exc:
             log.info("fetch from broker %s failed: %s", node_id, exc)
             self._request_metadata_update()
@@ -647,10 +698,14 @@ class Fetcher:
             self._notify()
 
     def _handle_fetch_response(
-        self, response: Any, requested: dict[TopicPartition, tuple[int, int, int]]
+        self,
+        response: Any,
+        requested: dict[TopicPartition, tuple[int, int, int]],
+        session: FetchSessionHandler[TopicPartition, tuple[int, int]],
     ) -> tuple[bool, bool]:
         """Queue each partition's records (or error): whether poll() has something new, and
-        whether a partition must be fetched again after a metadata refresh."""
+        whether a partition must be fetched again after a metadata refresh. A partition missing
+        from the response (an incremental fetch's) has nothing new."""
         subscriptions = self.subscriptions
         queued = False
         leader_errors: set[TopicPartition] = set()
@@ -666,7 +721,11 @@ class Fetcher:
                         continue
                     fetch_offset, epoch, _ = sent
                     if state.epoch != epoch or state.fetch_position != fetch_offset:
-                        continue  # sought, reset or revoked since the request was built
+                        # Sought, reset or revoked since the request was built. The broker's
+                        # session takes this answer as delivered: a full fetch next brings back
+                        # what it would not repeat (the high watermark).
+                        session.close_existing()
+                        continue
                     error = ErrorCode(data.error_code)
                     if error == ErrorCode.none:
                         state.high_watermark = data.high_watermark

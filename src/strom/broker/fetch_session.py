@@ -1,0 +1,309 @@
+"""KIP-227 incremental fetch sessions, the broker's side (Kafka's FetchSession and FetchSessionCache).
+
+A fetcher that sends a full fetch with session epoch 0 gets a session: the broker remembers
+what it asked of every partition (fetch offset, byte limit, epochs) and what it last answered
+(high watermark, last stable offset, log start offset). Its next fetches are incremental: they
+carry the session id and the next epoch, list only the partitions whose request changed (or
+were added) and name the ones to drop in ``forgotten_topics_data``; the broker reads every
+partition of the session and answers only those with something new -- records, a changed high
+watermark, last stable offset or log start offset, an error or a diverging epoch. A fetcher
+that follows a thousand idle partitions thus sends and receives almost nothing.
+
+Epoch -1 (with session id 0) is a sessionless full fetch, as every fetch was before KIP-227; a
+full fetch naming a session closes it. Sessions live in a cache of
+``max.incremental.fetch.session.cache.slots`` entries, independent of connections (a fetcher
+may reconnect and go on). When the cache is full a new session takes the place of a stale one
+(unused for two minutes), else of the least valuable: followers' sessions (privileged) evict
+consumers' ones, and among consumers a session with more partitions evicts one with fewer
+once that one is two minutes old -- Kafka's rule.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from strom.broker.replica_manager import FetchResult
+from strom.protocol.errors import ErrorCode
+
+INVALID_SESSION_ID = 0
+INITIAL_EPOCH = 0  # a full fetch that asks for a new session
+FINAL_EPOCH = -1  # a full fetch without a session (or one that closes the session it names)
+# How long a session must go unused to be stale, and how old one must be before a larger one
+# may take its slot (Kafka's FETCH_SESSION_EVICTION_MS, not configurable there either).
+EVICTION_MS = 120_000
+_INT_MAX = 0x7FFFFFFF
+
+# A partition of a session: (topic id from Fetch v13, else topic name; partition index).
+TopicKey = uuid.UUID | str
+PartitionKey = tuple[TopicKey, int]
+
+
+def next_epoch(epoch: int) -> int:
+    """The epoch after ``epoch`` (Kafka's FetchMetadata.nextEpoch: it wraps to 1, never to 0)."""
+    if epoch < 0:
+        return FINAL_EPOCH
+    return 1 if epoch == _INT_MAX else epoch + 1
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+@dataclass(slots=True)
+class RequestedPartition:
+    """What a fetch asks of one partition: in a request, or remembered by its session."""
+
+    key: PartitionKey
+    fetch_offset: int
+    max_bytes: int
+    log_start_offset: int = -1  # the fetching follower's
+    current_leader_epoch: int = -1
+    last_fetched_epoch: int = -1
+
+
+@dataclass(slots=True)
+class CachedPartition:
+    """One partition of a session: the request last made of it and the answer last sent about it."""
+
+    request: RequestedPartition
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1  # the leader's
+
+    def must_respond(self, result: FetchResult, update: bool = True) -> bool:
+        """Whether an incremental response carries this partition (Kafka's maybeUpdateResponseData,
+        which Strom extends to the last stable offset); with ``update`` the answer is remembered."""
+        respond = len(result.records) > 0 or result.diverging_epoch is not None
+        if result.high_watermark != self.high_watermark:
+            respond = True
+            if update:
+                self.high_watermark = result.high_watermark
+        if result.last_stable_offset != self.last_stable_offset:
+            respond = True
+            if update:
+                self.last_stable_offset = result.last_stable_offset
+        if result.log_start_offset != self.log_start_offset:
+            respond = True
+            if update:
+                self.log_start_offset = result.log_start_offset
+        if result.error != ErrorCode.none:
+            respond = True
+            if update:
+                # Forget the answer: once the error clears, the partition is sent again.
+                self.high_watermark = -1
+        return respond
+
+
+class FetchSession:
+    def __init__(
+        self,
+        session_id: int,
+        privileged: bool,
+        uses_topic_ids: bool,
+        partitions: dict[PartitionKey, CachedPartition],
+        now_ms: int,
+    ) -> None:
+        self.id = session_id
+        # A follower's session; it may evict consumers' sessions.
+        self.privileged = privileged
+        self.uses_topic_ids = uses_topic_ids
+        # In the order the session's partitions are read: a partition that was answered moves to
+        # the end, so the response byte limit does not always favour the same partitions.
+        self.partitions = partitions
+        self.creation_ms = now_ms
+        self.last_used_ms = now_ms
+        # The epoch the next incremental fetch must carry.
+        self.epoch = next_epoch(INITIAL_EPOCH)
+
+    def update(self, requested: Iterable[RequestedPartition], forgotten: Iterable[PartitionKey]) -> None:
+        """Apply an incremental fetch: listed partitions are added or take the new request
+        parameters (keeping the last answer), forgotten ones leave the session."""
+        for request in requested:
+            cached = self.partitions.get(request.key)
+            if cached is None:
+                self.partitions[request.key] = CachedPartition(request)
+            else:
+                cached.request = request
+        for key in forgotten:
+            self.partitions.pop(key, None)
+
+    def evictable_key(self) -> tuple[bool, int, int]:
+        return (self.privileged, len(self.partitions), self.id)
+
+
+class FetchContext:
+    """One fetch's view of its session: the partitions to read and how to answer.
+
+    ``error`` set: the request is answered with that error alone. ``session`` set: an
+    incremental fetch. Otherwise a full fetch: with ``create_session`` a new session is made of
+    the request and its answer; without, a sessionless fetch.
+    """
+
+    def __init__(
+        self,
+        cache: FetchSessionCache,
+        partitions: list[RequestedPartition],
+        *,
+        error: ErrorCode = ErrorCode.none,
+        session: FetchSession | None = None,
+        create_session: bool = False,
+        privileged: bool = False,
+        uses_topic_ids: bool = False,
+    ) -> None:
+        self._cache = cache
+        self.partitions = partitions
+        self.error = error
+        self.session = session
+        self._expected_epoch = session.epoch if session is not None else INITIAL_EPOCH
+        self._create_session = create_session
+        self._privileged = privileged
+        self._uses_topic_ids = uses_topic_ids
+
+    def respond(
+        self, results: Mapping[PartitionKey, FetchResult]
+    ) -> tuple[ErrorCode, int, list[PartitionKey]]:
+        """The top-level error, the session id and the partitions (in order) the response carries,
+        given the results of reading ``partitions``."""
+        if self.error != ErrorCode.none:
+            return self.error, INVALID_SESSION_ID, []
+        session = self.session
+        if session is None:
+            keys = [p.key for p in self.partitions]
+            session_id = INVALID_SESSION_ID
+            if self._create_session:
+                session_id = self._cache.maybe_create_session(
+                    self._privileged, self._uses_topic_ids, self.partitions, results
+                )
+            return ErrorCode.none, session_id, keys
+        if session.epoch != self._expected_epoch or self._cache.get(session.id) is not session:
+            # Another fetch of this session (a duplicate or a retry) got in while this one waited.
+            return ErrorCode.invalid_fetch_session_epoch, session.id, []
+        answered: list[PartitionKey] = []
+        for request in self.partitions:
+            cached = session.partitions.get(request.key)
+            result = results.get(request.key)
+            if cached is not None and result is not None and cached.must_respond(result):
+                answered.append(request.key)
+        for key in answered:
+            session.partitions[key] = session.partitions.pop(key)
+        return ErrorCode.none, session.id, answered
+
+
+class FetchSessionCache:
+    """The broker's fetch sessions, at most ``max_entries`` of them (Kafka's FetchSessionCache)."""
+
+    def __init__(
+        self, max_entries: int, eviction_ms: int = EVICTION_MS, clock: Callable[[], int] = monotonic_ms
+    ) -> None:
+        self.max_entries = max_entries
+        self.eviction_ms = eviction_ms
+        self._clock = clock
+        self._sessions: dict[int, FetchSession] = {}
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: int) -> FetchSession | None:
+        return self._sessions.get(session_id)
+
+    def remove(self, session_id: int) -> FetchSession | None:
+        return self._sessions.pop(session_id, None)
+
+    def new_context(
+        self,
+        session_id: int,
+        epoch: int,
+        requested: list[RequestedPartition],
+        forgotten: list[PartitionKey],
+        *,
+        uses_topic_ids: bool,
+        privileged: bool,
+    ) -> FetchContext:
+        """Kafka's FetchManager.newContext: what a fetch with this metadata reads and answers."""
+        if epoch in (INITIAL_EPOCH, FINAL_EPOCH):
+            if session_id != INVALID_SESSION_ID:
+                # A full fetch closes the session it names.
+                self.remove(session_id)
+            return FetchContext(
+                self,
+                requested,
+                create_session=epoch == INITIAL_EPOCH,
+                privileged=privileged,
+                uses_topic_ids=uses_topic_ids,
+            )
+        session = self._sessions.get(session_id)
+        if session is None:
+            return FetchContext(self, [], error=ErrorCode.fetch_session_id_not_found)
+        if session.epoch != epoch:
+            return FetchContext(self, [], error=ErrorCode.invalid_fetch_session_epoch)
+        if session.uses_topic_ids != uses_topic_ids:
+            # The session was made with topic ids (v13+) and this fetch has names, or the reverse.
+            return FetchContext(self, [], error=ErrorCode.fetch_session_topic_id_error)
+        session.update(requested, forgotten)
+        if not session.partitions:
+            # Nothing left to follow: the session ends and this fetch is answered without one.
+            self.remove(session.id)
+            return FetchContext(self, requested)
+        session.last_used_ms = self._clock()
+        session.epoch = next_epoch(session.epoch)
+        return FetchContext(self, list(r.request for r in session.partitions.values()), session=session)
+
+    def maybe_create_session(
+        self,
+        privileged: bool,
+        uses_topic_ids: bool,
+        requested: list[RequestedPartition],
+        results: Mapping[PartitionKey, FetchResult],
+    ) -> int:
+        """A new session for a full fetch and its answer: its id, or 0 when no slot is free."""
+        now = self._clock()
+        if len(self._sessions) >= self.max_entries and not self._try_evict(privileged, len(requested), now):
+            return INVALID_SESSION_ID
+        partitions: dict[PartitionKey, CachedPartition] = {}
+        for request in requested:
+            cached = partitions[request.key] = CachedPartition(request)
+            result = results.get(request.key)
+            if result is not None:
+                cached.must_respond(result)
+        session_id = self._new_session_id()
+        self._sessions[session_id] = FetchSession(session_id, privileged, uses_topic_ids, partitions, now)
+        return session_id
+
+    def _new_session_id(self) -> int:
+        while True:
+            session_id = secrets.randbelow(_INT_MAX) + 1
+            if session_id not in self._sessions:
+                return session_id
+
+    def _try_evict(self, privileged: bool, size: int, now: int) -> bool:
+        """Make room for a new session (Kafka's tryEvict): the least recently used session if it
+        is stale; else the least valuable one this new session may evict, if it is worth less."""
+        if not self._sessions:
+            return False
+        oldest = min(self._sessions.values(), key=lambda s: (s.last_used_ms, s.id))
+        if now - oldest.last_used_ms > self.eviction_ms:
+            self._evict(oldest)
+            return True
+        # As Kafka decides at the session's last use: old enough sessions are evictable by all;
+        # consumers' sessions also by followers' new ones, whatever their age.
+        candidates = [
+            s
+            for s in self._sessions.values()
+            if s.last_used_ms - s.creation_ms > self.eviction_ms or (privileged and not s.privileged)
+        ]
+        if not candidates:
+            return False
+        victim = min(candidates, key=FetchSession.evictable_key)
+        if (privileged, size, 0) < victim.evictable_key():
+            return False
+        self._evict(victim)
+        return True
+
+    def _evict(self, session: FetchSession) -> None:
+        self.remove(session.id)
+        self.evictions += 1
