@@ -167,16 +167,26 @@ class ReplicaFetcher:
 
     async def _run(self) -> None:
         config = self._manager.config
+        failures = 0
         while True:
             try:
                 await self._do_work()
+                failures = 0
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                # Connection loss, timeouts, a leader gone: back off, reconnect, go on.
-                log.warning(
+                # Connection loss, timeouts, a leader gone: back off, reconnect, go on. The first
+                # failure of a run is a warning; the retries (every replica.fetch.backoff.ms, until
+                # a new leader is known) are debug lines, so a dead leader does not flood the log.
+                failures += 1
+                log.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
                     "replica fetcher failed; retrying",
-                    extra={"leader": self.leader_id, "error": f"{type(e).__name__}: {e}"},
+                    extra={
+                        "leader": self.leader_id,
+                        "error": f"{type(e).__name__}: {e}",
+                        "failures": failures,
+                    },
                 )
                 self._disconnect()
                 await asyncio.sleep(config.replica_fetch_backoff_ms / 1000)
@@ -417,7 +427,7 @@ class ReplicaFetcher:
                 else:
                     # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, ...: the leader's
                     # view differs from ours; a new partition state will come.
-                    log.info(
+                    log.debug(
                         "replica fetch error; retrying",
                         extra={"partition": str(tp), "error": partition_error.name},
                     )
