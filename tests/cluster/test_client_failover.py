@@ -63,19 +63,24 @@ def test_no_acknowledged_record_is_lost_or_duplicated_when_the_leader_dies(clust
     acked: list[int] = []
     failed: list[BaseException] = []
     stop = threading.Event()
+    # Set once the producer has returned: every acknowledgement is in ``acked`` by then.
+    produced = threading.Event()
 
     def produce() -> None:
-        with producer(cluster) as p:
-            n = 0
-            while not stop.is_set():
-                futures = [(i, p.send(topic, str(i).encode(), partition=0)) for i in range(n, n + 20)]
-                for i, future in futures:
-                    try:
-                        future.get(60)
-                        acked.append(i)
-                    except Exception as exc:  # reported below: none may fail
-                        failed.append(exc)
-                n += 20
+        try:
+            with producer(cluster) as p:
+                n = 0
+                while not stop.is_set():
+                    futures = [(i, p.send(topic, str(i).encode(), partition=0)) for i in range(n, n + 20)]
+                    for i, future in futures:
+                        try:
+                            future.get(60)
+                            acked.append(i)
+                        except Exception as exc:  # reported below: none may fail
+                            failed.append(exc)
+                    n += 20
+        finally:
+            produced.set()
 
     seen: list[int] = []
     epochs: list[int] = []
@@ -84,7 +89,7 @@ def test_no_acknowledged_record_is_lost_or_duplicated_when_the_leader_dies(clust
         with consumer(cluster) as c:
             c.assign([tp])
             deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and not (stop.is_set() and len(seen) >= len(acked)):
+            while time.monotonic() < deadline and not (produced.is_set() and len(seen) >= len(acked)):
                 for record in c.poll(0.5):
                     seen.append(int(record.value))
                     if record.leader_epoch is not None:
