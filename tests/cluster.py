@@ -506,6 +506,13 @@ class Cluster:
         self.wait_for(
             lambda: wanted <= self.registered_brokers(), f"brokers {sorted(wanted)} registered", timeout
         )
+        # ... and every running broker has seen those registrations (its watch delivers them a
+        # moment later): a topic created through any broker may name them.
+        self.wait_for(
+            lambda: all(wanted <= set(self.metadata(via=n).brokers) for n in self.live_ids()),
+            f"brokers {sorted(wanted)} known to every running broker",
+            timeout,
+        )
 
     def wait_for_controller(self, exclude: Collection[int] = (), timeout: float = RECOVERY_TIMEOUT) -> int:
         """Until a live broker outside ``exclude`` holds /controller and reports itself as the
