@@ -609,11 +609,16 @@ def test_cluster(strom: Strom, admin: AdminClient, bootstrap: str) -> None:
     text = strom("cluster")
     assert text.code == 0, text
     lines = text.out.splitlines()
-    assert lines[:2] == [f"Cluster ID: {described.cluster_id}", f"Controller: {node.node_id}"]
-    assert lines[3].split() == ["ID", "HOST", "PORT", "RACK", "CONTROLLER"]
-    assert lines[4].split() == [str(node.node_id), node.host, str(node.port), "-", "*"]
+    assert lines[:4] == [
+        f"Cluster ID: {described.cluster_id}",
+        f"Controller: {node.node_id}",
+        "Under-replicated partitions: 0",
+        "Offline partitions: 0",
+    ]
+    assert lines[5].split() == ["ID", "HOST", "PORT", "RACK", "CONTROLLER"]
+    assert lines[6].split() == [str(node.node_id), node.host, str(node.port), "-", "*"]
     assert f"{node.address} (id: {node.node_id} rack: null) -> (" in lines
-    listed = [re.fullmatch(r"\t(\w+)\((\d+)\): (\d+) to (\d+),?", line) for line in lines[7:-1]]
+    listed = [re.fullmatch(r"\t(\w+)\((\d+)\): (\d+) to (\d+),?", line) for line in lines[9:-1]]
     assert all(listed) and lines[-1] == ")"
     versions = {m[1]: (int(m[2]), int(m[3]), int(m[4])) for m in listed if m}
     assert versions["Produce"][0] == 0 and versions["ApiVersions"][:2] == (18, 0)
@@ -630,7 +635,7 @@ def test_cluster(strom: Strom, admin: AdminClient, bootstrap: str) -> None:
         v["name"]: (v["api_key"], v["min_version"], v["max_version"]) for v in broker["api_versions"]
     } == versions
     brief = strom("cluster", "--no-api-versions")
-    assert brief.out.splitlines() == lines[:5]
+    assert brief.out.splitlines() == lines[:7]
 
 
 def test_bootstrap_from_the_environment_and_profiles(
