@@ -86,19 +86,15 @@ def rel(path: Path) -> str:
         return str(path)
 
 
-@contextlib.contextmanager
-def py_spy(broker: Broker, name: str) -> Iterator[None]:
-    """Samples the broker with py-spy while the block runs; writes collapsed stacks (raw format,
-    per source line) to bench/out/profile-<name>.txt and prints the top functions by self time."""
-    if not PY_SPY.exists():
-        raise BenchError(f"{PY_SPY} missing: .venv/bin/pip install py-spy (profiling only)")
-    path = OUT / f"profile-{name}.txt"
-    spy = subprocess.Popen(
+def start_py_spy(pid: int, path: Path, *, threads: bool = False) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` at 200 Hz into ``path`` (raw collapsed stacks) until SIGINT."""
+    return subprocess.Popen(
         [
             str(PY_SPY),
             "record",
             "--pid",
-            str(broker.pid),
+            str(pid),
+            *(["--threads"] if threads else []),
             "--format",
             "raw",
             "--nonblocking",
@@ -111,6 +107,16 @@ def py_spy(broker: Broker, name: str) -> Iterator[None]:
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
     )
+
+
+@contextlib.contextmanager
+def py_spy(broker: Broker, name: str) -> Iterator[None]:
+    """Samples the broker with py-spy while the block runs; writes collapsed stacks (raw format,
+    per source line) to bench/out/profile-<name>.txt and prints the top functions by self time."""
+    if not PY_SPY.exists():
+        raise BenchError(f"{PY_SPY} missing: .venv/bin/pip install py-spy (profiling only)")
+    path = OUT / f"profile-{name}.txt"
+    spy = start_py_spy(broker.pid, path)
     time.sleep(0.5)  # attach before load starts
     try:
         yield

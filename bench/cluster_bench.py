@@ -39,7 +39,7 @@ from confluent_kafka.admin import AdminClient
 
 import benchlib
 from benchlib import OUT, REPO, BenchError, Broker, Throughput, fmt, log, percentile
-from broker_bench import PY_SPY, rel, top_self_time
+from broker_bench import PY_SPY, rel, start_py_spy, top_self_time
 from strom.cli.local_cluster import LocalCluster, LocalClusterError, broker_host, free_port, java_available
 
 SECTION = "cluster-bench"
@@ -478,27 +478,7 @@ def profiled_run(
     try:
         for profile in profiles:
             pid = brokers[profile.broker_id - 1].pid
-            spies.append(
-                subprocess.Popen(
-                    [
-                        str(PY_SPY),
-                        "record",
-                        "--pid",
-                        str(pid),
-                        "--threads",
-                        "--format",
-                        "raw",
-                        "--nonblocking",
-                        "--rate",
-                        "200",
-                        "--output",
-                        str(profile.path),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    stdin=subprocess.DEVNULL,
-                )
-            )
+            spies.append(start_py_spy(pid, profile.path, threads=True))
         time.sleep(1.0)  # attach before the load starts
         throughput = run_producers(
             brokers, cluster.bootstrap, topic, 1024, records, -1, 0, 1, settings.timeout, run_dir / topic
