@@ -372,13 +372,24 @@ class BrokerServer:
         """Load the logs; those ZooKeeper does not know for this broker are moved aside. The
         partitions are hosted later, as the broker applies their states (``_apply_topic``)."""
         topics = {t.name: t for t in cluster.image.topics()}
-        self.log_manager.startup(
-            lambda name: self.log_config(topics[name]) if name in topics else LogConfig(),
-            {name: topic.topic_id for name, topic in topics.items()},
-        )
+
+        def config_for(name: str) -> LogConfig:
+            if name in topics:
+                return self.log_config(topics[name])
+            # A withheld topic's logs keep their configs (a compacted one is not retention-deleted).
+            return LogConfig.from_props(cluster.topic_configs(name), self.config.log_config_defaults())
+
+        self.log_manager.startup(config_for, {name: topic.topic_id for name, topic in topics.items()})
         for log_ in self.log_manager.all_logs():
             known = topics.get(log_.topic)
-            if known is None:
+            if known is None and cluster.is_withheld(log_.topic):
+                # Its znode is unreadable or awaits a topic id: unknown is not deleted, so the log
+                # stays (unserved) until the topic reads well.
+                log.warning(
+                    "keeping the log of a topic whose znode cannot be read yet, unserved",
+                    extra={"log": log_.dir.name},
+                )
+            elif known is None:
                 self._move_aside(log_, "its topic does not exist in the cluster")
             elif log_.topic_id is not None and log_.topic_id != known.topic_id:
                 self._move_aside(log_, f"topic id {log_.topic_id}, not the cluster's {known.topic_id}")
