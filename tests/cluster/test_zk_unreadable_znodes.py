@@ -279,3 +279,45 @@ def test_re_registration_after_a_session_expiry_is_retried_until_it_succeeds(
         assert zk.exists(path).ephemeralOwner == plane.zk.session_id
 
     run(zookeeper, tmp_path, scenario)
+
+
+def test_a_deleted_topic_leaves_nothing_behind(
+    zookeeper: ZooKeeperServer, zk: KazooClient, tmp_path: Path
+) -> None:
+    """Issue 17 item 18: what the control plane keeps per topic goes with the topic."""
+
+    async def scenario(plane: ZkControlPlane, broker: Broker) -> None:
+        names = [f"gone-{n}" for n in range(5)]
+        for name in names:
+            create_topic(zk, name, uuid.uuid4(), {})
+        await until(lambda: all(ZkControlPlane.is_ready(plane.image.topic(n)) for n in names), "topics read")
+        # One grows (CreatePartitions), one has an unreadable state.
+        topic_id = plane.image.topic(names[0]).topic_id  # type: ignore[union-attr]
+        zk.set(znodes.topic_path(names[0]), topic_json(topic_id, partitions=4))
+        for p in (2, 3):
+            zk.create(znodes.partition_state_path(names[0], p), state_json(0), makepath=True)
+        zk.set(znodes.partition_state_path(names[1], 0), b"garbage")
+        await until(
+            lambda: (
+                len(plane.image.topic(names[0]).partitions) == 4  # type: ignore[union-attr]
+                and ZkControlPlane.is_ready(plane.image.topic(names[0]))
+                and znodes.partition_state_path(names[1], 0) in plane.unreadable_znodes()
+            ),
+            "the new partitions and the unreadable state are read",
+        )
+        for name in names:
+            zk.delete(znodes.topic_path(name), recursive=True)
+            zk.delete(znodes.topic_config_path(name))
+        await until(lambda: not any(n in plane.image for n in names), "the topics are gone")
+        await asyncio.sleep(0.2)  # the cancelled watches' last events
+        kept = {
+            "topics": [n for n in plane._topics if n in names],
+            "configs": [n for n in plane._configs if n in names],
+            "states": [k for k in plane._states if k[0] in names],
+            "watches": [n for n in plane._topic_watches if n in names],
+            "loading": [n for n in plane._loading if n in names],
+            "unreadable": [p for p in plane.unreadable_znodes() if any(n in p for n in names)],
+        }
+        assert kept == {k: [] for k in kept}
+
+    run(zookeeper, tmp_path, scenario)

@@ -463,6 +463,7 @@ class ZkControlPlane:
             watch.cancel()
 
     def _broker_gone(self, broker_id: int) -> None:
+        self._unreadable.pop(znodes.broker_path(broker_id), None)
         if self.live_brokers.pop(broker_id, None) is not None:
             self.broker_epochs.pop(broker_id, None)
             self.signal_change()
@@ -539,9 +540,9 @@ class ZkControlPlane:
         for partition in topic.partitions:
             if partition not in watches.partitions:
                 watches.partitions[partition] = Watch()  # a placeholder until the watch is armed
-                self._loading.setdefault(name, []).append(
-                    self._spawn(self._watch_state(name, partition), f"watch {name}-{partition}")
-                )
+                task = self._spawn(self._watch_state(name, partition), f"watch {name}-{partition}")
+                if not watches.watches:  # _watch_topic has yet to wait for the first states
+                    self._loading.setdefault(name, []).append(task)
         self._rebuild(name)
 
     async def _watch_state(self, name: str, partition: int) -> None:
@@ -606,6 +607,7 @@ class ZkControlPlane:
             self._unreadable.pop(znodes.topic_path(name), None)
         self._topics.pop(name, None)
         self._topic_czxids.pop(name, None)
+        self._loading.pop(name, None)
         for key in [k for k in self._states if k[0] == name]:
             del self._states[key]
         self._rebuild(name)
