@@ -174,6 +174,8 @@ class ReplicaManager:
         await self.stop_partitions(
             [TopicPartition(topic.name, state.partition) for state in topic.partitions], True
         )
+        if self._topic_ids.get(topic.name) == topic.topic_id:
+            del self._topic_ids[topic.name]
 
     async def stop_partitions(self, tps: list[TopicPartition], delete: bool) -> None:
         """Stop hosting ``tps`` (a deleted topic, or this broker left their replicas), deleting
@@ -188,6 +190,9 @@ class ReplicaManager:
         for tp in tps:
             self._offline_partitions.discard(tp)
             self._applied.pop(tp, None)
+            lock = self._state_locks.get(tp)
+            if lock is not None and not lock.locked():
+                del self._state_locks[tp]
             partition = self._partitions.pop(tp, None)
             if partition is not None:
                 if partition.is_leader and self.cluster is not None:

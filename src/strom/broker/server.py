@@ -158,6 +158,8 @@ class BrokerServer:
         self.controller: Controller | None = None
         self._applied: dict[TopicPartition, tuple[int, int]] = {}
         self._hosted: dict[str, TopicState] = {}
+        # Topics whose znode could not be read at startup, whose logs were kept unplaced.
+        self._withheld_at_startup: set[str] = set()
         self._dirty_topics: set[str] = set()
         self._dirty = asyncio.Event()
         self._cluster_ready = False
@@ -372,13 +374,25 @@ class BrokerServer:
         """Load the logs; those ZooKeeper does not know for this broker are moved aside. The
         partitions are hosted later, as the broker applies their states (``_apply_topic``)."""
         topics = {t.name: t for t in cluster.image.topics()}
-        self.log_manager.startup(
-            lambda name: self.log_config(topics[name]) if name in topics else LogConfig(),
-            {name: topic.topic_id for name, topic in topics.items()},
-        )
+
+        def config_for(name: str) -> LogConfig:
+            if name in topics:
+                return self.log_config(topics[name])
+            # A withheld topic's logs keep their configs (a compacted one is not retention-deleted).
+            return LogConfig.from_props(cluster.topic_configs(name), self.config.log_config_defaults())
+
+        self.log_manager.startup(config_for, {name: topic.topic_id for name, topic in topics.items()})
         for log_ in self.log_manager.all_logs():
             known = topics.get(log_.topic)
-            if known is None:
+            if known is None and cluster.is_withheld(log_.topic):
+                # Its znode is unreadable or awaits a topic id: unknown is not deleted, so the log
+                # stays (unserved) until the topic reads well (``_place_withheld_logs``).
+                log.warning(
+                    "keeping the log of a topic whose znode cannot be read yet, unserved",
+                    extra={"log": log_.dir.name},
+                )
+                self._withheld_at_startup.add(log_.topic)
+            elif known is None:
                 self._move_aside(log_, "its topic does not exist in the cluster")
             elif log_.topic_id is not None and log_.topic_id != known.topic_id:
                 self._move_aside(log_, f"topic id {log_.topic_id}, not the cluster's {known.topic_id}")
@@ -388,6 +402,34 @@ class BrokerServer:
                 self._move_aside(log_, "this broker is not among the partition's replicas")
             elif log_.topic_id is None:
                 self.log_manager.assign_topic_id(log_, known.topic_id)
+
+    async def _place_withheld_logs(self, topic: TopicState) -> None:
+        """The logs kept at startup for ``topic`` while its znode could not be read, now that it
+        reads well: placed as at startup (a log of another topic id was an earlier topic's: kept
+        aside, never served as this one's)."""
+        aside: list[tuple[Log, str]] = []
+        unidentified: list[Log] = []
+        for log_ in self.log_manager.all_logs():
+            if log_.topic != topic.name:
+                continue
+            if log_.topic_id is not None and log_.topic_id != topic.topic_id:
+                aside.append((log_, f"topic id {log_.topic_id}, not the cluster's {topic.topic_id}"))
+            elif log_.partition >= len(topic.partitions):
+                aside.append((log_, f"its topic has {len(topic.partitions)} partitions"))
+            elif self.node_id not in topic.partitions[log_.partition].replicas:
+                aside.append((log_, "this broker is not among the partition's replicas"))
+            elif log_.topic_id is None:
+                unidentified.append(log_)
+        # Out of the broker here, on the loop; the files are renamed and written in a worker.
+        self.log_manager.unregister_logs([(log_.topic, log_.partition) for log_, _ in aside])
+
+        def place() -> None:
+            for log_, reason in aside:
+                self.log_manager.move_aside(log_, reason)
+            for log_ in unidentified:
+                self.log_manager.assign_topic_id(log_, topic.topic_id)
+
+        await asyncio.get_running_loop().run_in_executor(None, place)
 
     def _move_aside(self, log_: Log, reason: str) -> None:
         self.log_manager.unregister_logs([(log_.topic, log_.partition)])
@@ -568,6 +610,9 @@ class BrokerServer:
             log.info("deleted the replicas of a deleted topic", extra={"topic": name})
         if topic is None:
             return
+        if name in self._withheld_at_startup:
+            self._withheld_at_startup.discard(name)
+            await self._place_withheld_logs(topic)
         if hosted is not None and hosted.configs != topic.configs:
             self.replica_manager.update_config(topic)
         for state in topic.partitions:

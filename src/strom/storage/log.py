@@ -77,6 +77,25 @@ def parse_topic_partition(dir_name: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
+# The longest file name Linux's file systems take, in bytes.
+MAX_FILE_NAME_BYTES = 255
+DELETE_SUFFIX = "-delete"
+STRAY_SUFFIX = "-stray"
+
+
+def renamed_dir_name(dir_name: str, suffix: str) -> str:
+    """The name a log directory is renamed to before it is deleted or set aside:
+    ``<topic>-<partition>.<unique id><suffix>``, the topic cut short (as Kafka's LocalLog does) so
+    that the name fits a file name's 255 bytes even for a topic name of 249 characters."""
+    try:
+        topic, partition = parse_topic_partition(dir_name)
+        tail = f"-{partition}.{uuid.uuid4().hex}{suffix}"
+    except ValueError:
+        topic, tail = dir_name, f".{uuid.uuid4().hex}{suffix}"
+    room = MAX_FILE_NAME_BYTES - len(tail.encode())
+    return topic.encode()[:room].decode(errors="ignore") + tail
+
+
 @dataclass(frozen=True, slots=True)
 class LogAppendInfo:
     first_offset: int
@@ -735,7 +754,9 @@ class Log:
             for record in records:
                 offset = header.base_offset + record[4]
                 timestamp = header.base_timestamp + record[5]
-                if offset >= self.log_start_offset and (timestamp == target if exact else timestamp >= target):
+                if offset >= self.log_start_offset and (
+                    timestamp == target if exact else timestamp >= target
+                ):
                     return TimestampAndOffset(timestamp, offset, epoch)
         return None
 
@@ -1030,8 +1051,17 @@ class Log:
             self._closed = True
             for segment in self._segments:
                 segment.close()
-        doomed = self.dir.with_name(f"{self.dir.name}.{uuid.uuid4().hex}-delete")
-        os.rename(self.dir, doomed)
+        doomed = self.dir.with_name(renamed_dir_name(self.dir.name, DELETE_SUFFIX))
+        try:
+            os.rename(self.dir, doomed)
+        except OSError as e:
+            # A rename that fails says nothing of the disk (a name too long, say): remove the
+            # directory where it is; only a failure to remove it is the disk's.
+            log.error(
+                "could not rename a deleted log's directory; removing it in place",
+                extra={"dir": str(self.dir), "error": str(e)},
+            )
+            doomed = self.dir
         shutil.rmtree(doomed)
 
     def __repr__(self) -> str:

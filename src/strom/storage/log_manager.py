@@ -36,9 +36,12 @@ from strom.storage.errors import KafkaStorageError, StorageError
 from strom.storage.future_log import FutureLog, resolve_interrupted_moves
 from strom.storage.log import (
     CLEAN_SHUTDOWN_FILE,
+    DELETE_SUFFIX,
+    STRAY_SUFFIX,
     InconsistentTopicIdError,
     Log,
     parse_topic_partition,
+    renamed_dir_name,
     wall_clock_ms,
 )
 from strom.storage.log_config import LogConfig
@@ -181,7 +184,7 @@ class LogManager:
         for child in sorted(log_dir.iterdir()):
             if not child.is_dir() or child.name.startswith("."):
                 continue
-            if child.name.endswith("-delete"):
+            if child.name.endswith(DELETE_SUFFIX):
                 # A deletion interrupted by a crash: finish it.
                 shutil.rmtree(child)
                 continue
@@ -206,7 +209,7 @@ class LogManager:
                     had_clean_shutdown=clean,
                 )
             except InconsistentTopicIdError as e:
-                stray = child.with_name(f"{child.name}.{uuid.uuid4().hex}-stray")
+                stray = child.with_name(renamed_dir_name(child.name, STRAY_SUFFIX))
                 # A previous topic of the same name, or a damaged metadata file: keep the data
                 # aside (Kafka's stray logs) rather than serve or delete it.
                 log.error(
@@ -386,7 +389,7 @@ class LogManager:
         """Startup: close an unregistered log and rename its directory ``...-stray``, as Kafka keeps a
         stray log: never deleted, no longer loaded."""
         log_.close()
-        stray = log_.dir.with_name(f"{log_.dir.name}.{uuid.uuid4().hex}-stray")
+        stray = log_.dir.with_name(renamed_dir_name(log_.dir.name, STRAY_SUFFIX))
         os.rename(log_.dir, stray)
         log.warning(
             "moved a stray log aside", extra={"log": log_.dir.name, "to": stray.name, "reason": reason}

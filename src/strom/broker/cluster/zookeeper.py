@@ -13,6 +13,13 @@ in one multi-op), partitions, topic deletion requests, topic configs with their 
 notification, producer id blocks, and, for the replication layer (``ClusterLink``), the leader's
 conditional write of a partition's ISR. Everything ZooKeeper does happens off the event loop
 (AsyncZooKeeper); the watch callbacks run on the loop.
+
+A znode it cannot read (not JSON, a field missing, a topic config Kafka's validators refuse, a
+topic without a ``topic_id`` as Kafka 2.x tools write it) is skipped, counted and logged once
+with its path; the image keeps what it last read there (a topic never read well is withheld:
+not served, and its local logs are neither deleted nor moved aside). Only a topic znode that
+is gone (the controller's deletion removes it) or created anew (another creation zxid) ends a
+topic. A watch callback that fails is logged once and its znode re-read until it succeeds.
 """
 
 from __future__ import annotations
@@ -46,11 +53,15 @@ from strom.broker.zk.client import (
     ZnodeStat,
 )
 from strom.storage.checkpoint import write_atomically
+from strom.storage.log_config import InvalidConfigError, LogConfig
 
 log = logging.getLogger(__name__)
 
 # A partition whose state znode the controller has not written yet: no leader, no epoch.
 NO_STATE_EPOCH = -1
+# Re-registration after a session expiry, and re-reads after a failed watch callback: backoff.
+RETRY_BACKOFF_MIN_S = 0.2
+RETRY_BACKOFF_MAX_S = 10.0
 
 
 class InconsistentClusterIdError(RuntimeError):
@@ -134,7 +145,10 @@ class ZkControlPlane:
         self._on_topic_changed = on_topic_changed
         self._on_brokers_changed = on_brokers_changed
         self._zk: AsyncZooKeeper | None = None
+        # The last readable topic znode with a topic id, and its creation zxid (a new one: the
+        # topic was deleted and created again).
         self._topics: dict[str, znodes.TopicZNode] = {}
+        self._topic_czxids: dict[str, int] = {}
         self._configs: dict[str, dict[str, str]] = {}
         self._states: dict[tuple[str, int], tuple[znodes.LeaderAndIsr, int]] = {}
         self._topic_watches: dict[str, _TopicWatches] = {}
@@ -144,7 +158,15 @@ class ZkControlPlane:
         self._changed = asyncio.Event()
         self._registration: bytes | None = None
         self._session_expired = False
+        self._registering: asyncio.Task[None] | None = None
         self._closing = False
+        # Znodes skipped as unreadable: path -> why, logged once until the path reads well again.
+        self._unreadable: dict[str, str] = {}
+        self.skipped_znode_reads = 0
+        # Paths whose watch callback failed, being re-read until it succeeds; topics whose change
+        # the broker was not told (its callback raised).
+        self._rereading: set[str] = set()
+        self._untold: set[str] = set()
 
     @property
     def zk(self) -> AsyncZooKeeper:
@@ -167,12 +189,18 @@ class ZkControlPlane:
         for path in znodes.PERSISTENT_PATHS:
             await self._zk.ensure_path(path)
         await self._settle_cluster_id()
-        await self._zk.watch_data(znodes.CONTROLLER, self._on_controller)
-        await self._zk.watch_children(znodes.BROKER_IDS, self._on_broker_ids)
+        await self._zk.watch_data(
+            znodes.CONTROLLER, self._guarded_data(znodes.CONTROLLER, self._on_controller)
+        )
+        await self._zk.watch_children(
+            znodes.BROKER_IDS, self._guarded_children(znodes.BROKER_IDS, self._on_broker_ids)
+        )
         await asyncio.gather(
             *(self._watch_topic(name) for name in await self._zk.get_children(znodes.TOPICS))
         )
-        await self._zk.watch_children(znodes.TOPICS, self._on_topic_names)
+        await self._zk.watch_children(
+            znodes.TOPICS, self._guarded_children(znodes.TOPICS, self._on_topic_names)
+        )
         log.info(
             "connected to ZooKeeper",
             extra={
@@ -281,14 +309,119 @@ class ZkControlPlane:
         elif state == SessionState.CONNECTED and self._session_expired:
             # A new session: the old one's ephemeral registration is gone, register again.
             self._session_expired = False
-            if self._registration is not None:
-                self._spawn(self._register(), "re-register")
+            if self._registration is not None and (self._registering is None or self._registering.done()):
+                self._registering = self._spawn(self._register_until_done(), "re-register")
+
+    async def _register_until_done(self) -> None:
+        """Register again after a session expiry, retried with backoff until it succeeds: a broker
+        that runs unregistered is never a replica the controller elects or counts (close cancels)."""
+        backoff = RETRY_BACKOFF_MIN_S
+        while not self._closing:
+            try:
+                await self._register()
+                return
+            except Exception as e:
+                log.warning(
+                    "re-registration in ZooKeeper failed; retrying",
+                    extra={"broker": self.node_id, "error": repr(e), "retry_s": backoff},
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, RETRY_BACKOFF_MAX_S)
+
+    # -- unreadable znodes and failed watch callbacks ----------------------------------------
+
+    def _skip_unreadable(self, path: str, why: str) -> None:
+        """Count a read of ``path`` that is skipped; log it once until the path reads well again."""
+        self.skipped_znode_reads += 1
+        if self._unreadable.get(path) != why:
+            self._unreadable[path] = why
+            log.error(
+                "skipping an unreadable znode; keeping what was last read there",
+                extra={"path": path, "error": why, "skipped_reads": self.skipped_znode_reads},
+            )
+
+    def _readable(self, path: str) -> None:
+        if self._unreadable.pop(path, None) is not None:
+            log.info("znode readable again", extra={"path": path})
+
+    def unreadable_znodes(self) -> dict[str, str]:
+        """The znodes skipped because they could not be read (path -> why)."""
+        return dict(self._unreadable)
+
+    def _guarded_data(
+        self, path: str, callback: Callable[[bytes | None, ZnodeStat | None], None]
+    ) -> Callable[[bytes | None, ZnodeStat | None], None]:
+        """``callback`` for a data watch on ``path``: if it raises, log once and re-read ``path``
+        (with backoff) until a call succeeds, so the znode's state converges."""
+
+        def guarded(data: bytes | None, stat: ZnodeStat | None) -> None:
+            try:
+                callback(data, stat)
+            except Exception:
+                self._callback_failed(path, self._reread_data(path, callback))
+
+        return guarded
+
+    def _guarded_children(
+        self, path: str, callback: Callable[[list[str]], None]
+    ) -> Callable[[list[str]], None]:
+        def guarded(children: list[str]) -> None:
+            try:
+                callback(children)
+            except Exception:
+                self._callback_failed(path, self._reread_children(path, callback))
+
+        return guarded
+
+    def _callback_failed(self, path: str, reread: Coroutine[Any, Any, None]) -> None:
+        if path in self._rereading or self._closing:
+            reread.close()  # a re-read is under way already; it reads the newest data
+            return
+        log.exception("a ZooKeeper watch callback failed; re-reading the znode", extra={"path": path})
+        self._rereading.add(path)
+        self._spawn(reread, f"re-read {path}")
+
+    async def _reread(self, path: str, attempt: Callable[[], Awaitable[None]]) -> None:
+        backoff = RETRY_BACKOFF_MIN_S
+        try:
+            while not self._closing:
+                await asyncio.sleep(backoff)
+                try:
+                    await attempt()
+                    log.info("re-read a znode whose watch callback had failed", extra={"path": path})
+                    return
+                except Exception as e:
+                    log.debug("re-reading a znode failed", extra={"path": path, "error": repr(e)})
+                backoff = min(2 * backoff, RETRY_BACKOFF_MAX_S)
+        finally:
+            self._rereading.discard(path)
+
+    async def _reread_data(
+        self, path: str, callback: Callable[[bytes | None, ZnodeStat | None], None]
+    ) -> None:
+        async def attempt() -> None:
+            found = await self.zk.get_or_none(path)
+            callback(*(found if found is not None else (None, None)))
+
+        await self._reread(path, attempt)
+
+    async def _reread_children(self, path: str, callback: Callable[[list[str]], None]) -> None:
+        async def attempt() -> None:
+            callback(await self.zk.get_children(path))
+
+        await self._reread(path, attempt)
 
     # -- brokers and the controller ----------------------------------------------------------
 
     def _on_controller(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         previous = self.controller_id
-        self.controller_id = znodes.ControllerZNode.decode(data).broker_id if data else -1
+        self.controller_id = -1
+        if data:
+            try:
+                self.controller_id = znodes.ControllerZNode.decode(data).broker_id
+                self._readable(znodes.CONTROLLER)
+            except znodes.MALFORMED as e:
+                self._skip_unreadable(znodes.CONTROLLER, repr(e))
         if previous != self.controller_id:
             log.info("controller changed", extra={"controller": self.controller_id})
             self.signal_change()
@@ -303,23 +436,34 @@ class ZkControlPlane:
             self._spawn(self._watch_broker(new), f"watch broker {new}")
 
     async def _watch_broker(self, broker_id: int) -> None:
+        path = znodes.broker_path(broker_id)
+
         def on_data(data: bytes | None, stat: ZnodeStat | None) -> None:
             if data is None or stat is None:
+                self._readable(path)
                 self._broker_gone(broker_id)
                 return
-            self.live_brokers[broker_id] = znodes.BrokerRegistration.decode(broker_id, data)
+            try:
+                registration = znodes.BrokerRegistration.decode(broker_id, data)
+                registration.endpoint()
+            except znodes.MALFORMED as e:
+                self._skip_unreadable(path, repr(e))
+                return
+            self._readable(path)
+            self.live_brokers[broker_id] = registration
             self.broker_epochs[broker_id] = stat.czxid
             self.signal_change()
             self._on_brokers_changed()
 
         placeholder = self._broker_watches.get(broker_id)
-        watch = await self.zk.watch_data(znodes.broker_path(broker_id), on_data)
+        watch = await self.zk.watch_data(path, self._guarded_data(path, on_data))
         if self._broker_watches.get(broker_id) is placeholder and placeholder is not None:
             self._broker_watches[broker_id] = watch
         else:  # gone meanwhile
             watch.cancel()
 
     def _broker_gone(self, broker_id: int) -> None:
+        self._unreadable.pop(znodes.broker_path(broker_id), None)
         if self.live_brokers.pop(broker_id, None) is not None:
             self.broker_epochs.pop(broker_id, None)
             self.signal_change()
@@ -345,11 +489,14 @@ class ZkControlPlane:
         if name in self._topic_watches:
             return
         watches = self._topic_watches[name] = _TopicWatches()
+        topic_path = znodes.topic_path(name)
+        config_path = znodes.topic_config_path(name)
         topic_watch = await self.zk.watch_data(
-            znodes.topic_path(name), lambda data, stat: self._on_topic_data(name, data)
+            topic_path,
+            self._guarded_data(topic_path, lambda data, stat: self._on_topic_data(name, data, stat)),
         )
         config_watch = await self.zk.watch_data(
-            znodes.topic_config_path(name), lambda data, stat: self._on_topic_config(name, data)
+            config_path, self._guarded_data(config_path, lambda data, stat: self._on_topic_config(name, data))
         )
         if self._topic_watches.get(name) is not watches:  # deleted meanwhile
             topic_watch.cancel()
@@ -358,34 +505,65 @@ class ZkControlPlane:
         watches.watches += [topic_watch, config_watch]
         await asyncio.gather(*self._loading.pop(name, []))
 
-    def _on_topic_data(self, name: str, data: bytes | None) -> None:
+    def _on_topic_data(self, name: str, data: bytes | None, stat: ZnodeStat | None) -> None:
         watches = self._topic_watches.get(name)
         if watches is None:
             return
-        if data is None:
+        path = znodes.topic_path(name)
+        if data is None or stat is None:
+            # Gone: the controller deleted the topic (its one multi-op removes this znode).
+            self._readable(path)
             self._forget_topic(name)
             return
-        topic = znodes.TopicZNode.decode(data)
+        try:
+            topic = znodes.TopicZNode.decode(data)
+        except znodes.MALFORMED as e:
+            self._skip_unreadable(path, repr(e))
+            return
+        known = self._topics.get(name)
+        recreated = self._topic_czxids.get(name, stat.czxid) != stat.czxid
+        if topic.topic_id is None:
+            # Kafka 2.x's format: the controller gives it an id. Until then it stays as last read
+            # (or withheld if never read with one); it is not deleted.
+            self._skip_unreadable(path, "no topic_id (the controller assigns one)")
+            if recreated and known is not None:
+                self._forget_topic(name, keep_watches=True)
+            return
+        if known is not None and not recreated and known.topic_id != topic.topic_id:
+            # The same znode, rewritten with another id: not a deletion the controller made, so
+            # the hosted logs (named by the old id) stay as they are.
+            self._skip_unreadable(path, f"topic_id changed from {known.topic_id} without a deletion")
+            return
+        self._readable(path)
         self._topics[name] = topic
+        self._topic_czxids[name] = stat.czxid
         for partition in topic.partitions:
             if partition not in watches.partitions:
                 watches.partitions[partition] = Watch()  # a placeholder until the watch is armed
-                self._loading.setdefault(name, []).append(
-                    self._spawn(self._watch_state(name, partition), f"watch {name}-{partition}")
-                )
+                task = self._spawn(self._watch_state(name, partition), f"watch {name}-{partition}")
+                if not watches.watches:  # _watch_topic has yet to wait for the first states
+                    self._loading.setdefault(name, []).append(task)
         self._rebuild(name)
 
     async def _watch_state(self, name: str, partition: int) -> None:
+        path = znodes.partition_state_path(name, partition)
+
         def on_state(data: bytes | None, stat: ZnodeStat | None) -> None:
             if data is None or stat is None:
                 self._states.pop((name, partition), None)
             else:
-                self._states[(name, partition)] = (znodes.LeaderAndIsr.decode(data), stat.version)
+                try:
+                    state = znodes.LeaderAndIsr.decode(data)
+                except znodes.MALFORMED as e:
+                    self._skip_unreadable(path, repr(e))
+                    return  # the last state read stays
+                self._states[(name, partition)] = (state, stat.version)
+            self._readable(path)
             self._rebuild(name)
 
         watches = self._topic_watches.get(name)
         placeholder = watches.partitions.get(partition) if watches is not None else None
-        watch = await self.zk.watch_data(znodes.partition_state_path(name, partition), on_state)
+        watch = await self.zk.watch_data(path, self._guarded_data(path, on_state))
         current = self._topic_watches.get(name)
         if current is watches and current is not None and current.partitions.get(partition) is placeholder:
             current.partitions[partition] = watch
@@ -395,15 +573,41 @@ class ZkControlPlane:
     def _on_topic_config(self, name: str, data: bytes | None) -> None:
         if name not in self._topic_watches:
             return
-        self._configs[name] = znodes.EntityConfigZNode.decode(data).config
+        path = znodes.topic_config_path(name)
+        try:
+            configs = znodes.EntityConfigZNode.decode(data).config
+            # Kafka's validators, as for CreateTopics: a config no log could run with is skipped
+            # (the last valid one, or the defaults, stay) rather than stop every broker.
+            LogConfig.from_props(configs, self.config.log_config_defaults())
+        except (*znodes.MALFORMED, InvalidConfigError) as e:
+            self._skip_unreadable(path, repr(e))
+            return
+        self._readable(path)
+        self._configs[name] = configs
         self._rebuild(name)
 
-    def _forget_topic(self, name: str) -> None:
-        watches = self._topic_watches.pop(name, None)
-        if watches is not None:
-            watches.cancel()
+    def is_withheld(self, name: str) -> bool:
+        """``name``'s topic znode exists but was never read with a topic id (unreadable, or Kafka
+        2.x's format awaiting the controller's id): not served, and its logs are kept as they are."""
+        return name in self._topic_watches and name not in self._topics
+
+    def topic_configs(self, name: str) -> dict[str, str]:
+        """The last valid config overrides read for ``name`` (a withheld topic's too)."""
+        return dict(self._configs.get(name, {}))
+
+    def _forget_topic(self, name: str, keep_watches: bool = False) -> None:
+        if not keep_watches:
+            watches = self._topic_watches.pop(name, None)
+            if watches is not None:
+                watches.cancel()
+            self._configs.pop(name, None)
+            for path in [p for p in self._unreadable if p.startswith(f"{znodes.topic_path(name)}/")]:
+                del self._unreadable[path]
+            self._unreadable.pop(znodes.topic_config_path(name), None)
+            self._unreadable.pop(znodes.topic_path(name), None)
         self._topics.pop(name, None)
-        self._configs.pop(name, None)
+        self._topic_czxids.pop(name, None)
+        self._loading.pop(name, None)
         for key in [k for k in self._states if k[0] == name]:
             del self._states[key]
         self._rebuild(name)
@@ -435,9 +639,12 @@ class ZkControlPlane:
                 self.image.remove(name)
             changed = previous != topic
             self.image.put(topic)
-        if changed:
+        if changed or name in self._untold:
             self.signal_change()
+            # Until the broker has been told (its callback may raise), a re-read tells it again.
+            self._untold.add(name)
             self._on_topic_changed(name)
+            self._untold.discard(name)
 
     def signal_change(self) -> None:
         """Wake every ``wait_until``: the metadata, or what the broker made of it, changed."""

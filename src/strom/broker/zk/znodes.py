@@ -109,6 +109,11 @@ def _loads(data: bytes) -> Any:
     return json.loads(data.decode("utf-8"))
 
 
+# What a decoder raises for a znode that is not what its path says (not JSON, a field missing or
+# of the wrong type): JSONDecodeError and UnicodeDecodeError are ValueErrors.
+MALFORMED = (ValueError, KeyError, TypeError, AttributeError)
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -259,9 +264,15 @@ class TopicZNode:
             return {int(p): [int(b) for b in r] for p, r in (json_.get(key) or {}).items()}
 
         topic_id = json_.get("topic_id")
+        partitions = replicas("partitions")
+        # Kafka's partitions are 0..n-1, each with replicas; anything else is no topic Kafka wrote.
+        if sorted(partitions) != list(range(len(partitions))) or not partitions:
+            raise ValueError(f"partitions are not 0..n-1: {sorted(partitions)}")
+        if not all(r and min(r) >= 0 and len(set(r)) == len(r) for r in partitions.values()):
+            raise ValueError("a partition's replicas are empty, negative or repeated")
         return cls(
-            topic_id=decode_uuid(topic_id) if topic_id else None,
-            partitions=replicas("partitions"),
+            topic_id=decode_uuid(str(topic_id)) if topic_id else None,
+            partitions=partitions,
             adding_replicas=replicas("adding_replicas"),
             removing_replicas=replicas("removing_replicas"),
         )
