@@ -36,8 +36,10 @@ def host(node_id: int) -> str:
 class Plane:
     """Partition states of one topic (two partitions, replicas 1 and 2) and the brokers."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, wildcard: bool = False) -> None:
         self.root = root
+        # Brokers listen on every address (0.0.0.0) yet are registered on 127.0.0.1N.
+        self.wildcard = wildcard
         self.brokers: dict[int, BrokerServer] = {}
         self.states = {p: PartitionState(p, 1, 0, [1, 2], [1, 2]) for p in (0, 1)}
 
@@ -49,7 +51,7 @@ class Plane:
         config = KafkaConfig(
             {
                 "node.id": str(node_id),
-                "listeners": f"PLAINTEXT://{host(node_id)}:0",
+                "listeners": f"PLAINTEXT://{'0.0.0.0' if self.wildcard else host(node_id)}:0",
                 "log.dirs": str(self.root / f"broker-{node_id}"),
             }
         )
@@ -64,7 +66,7 @@ class Plane:
                 replica_fetch_wait_max_ms=100,
                 replica_fetch_backoff_ms=100,
                 replica_socket_timeout_ms=2000,
-                bind_host=host(node_id),
+                bind_host=None if self.wildcard else host(node_id),
             ),
         )
         await server.start()
@@ -139,9 +141,9 @@ async def eventually(check: Callable[[], bool], what: str, timeout: float = 15.0
         raise AssertionError(f"not within {timeout} s: {what}") from None
 
 
-def run(scenario: Callable[[Plane], object], tmp_path: Path) -> None:
+def run(scenario: Callable[[Plane], object], tmp_path: Path, *, wildcard: bool = False) -> None:
     async def main() -> None:
-        plane = Plane(tmp_path)
+        plane = Plane(tmp_path, wildcard=wildcard)
         try:
             await plane.start(1)
             await plane.start(2)
@@ -231,3 +233,19 @@ def test_a_fetcher_without_partitions_is_shut_down(tmp_path: Path) -> None:
         assert fetchers_1.fetcher_count == 1 and from_broker(two, 1) == 1
 
     run(scenario, tmp_path)
+
+
+def test_a_wildcard_listener_fetches_from_the_registered_host(tmp_path: Path) -> None:
+    """Without a listener address of its own, a follower connects from its registered host:
+    the leader serves only that address as the follower."""
+
+    async def scenario(plane: Plane) -> None:
+        leader = plane.brokers[1].replica_manager
+        for tp in (TP0, TP1):
+            assert (await leader.append(1, [(tp, make_batch(3))]))[tp].error == 0
+        await eventually(
+            lambda: all(plane.partition(2, tp).log_end_offset == 3 for tp in (TP0, TP1)), "replicated"
+        )
+        await eventually(lambda: plane.partition(1, TP0).high_watermark == 3, "the HW moved by broker 2")
+
+    run(scenario, tmp_path, wildcard=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import errno
 import logging
 import time
 import uuid
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from strom.broker.partition import Partition, TopicPartition
-from strom.network.connection import BrokerConnection
+from strom.network.connection import BrokerConnection, KafkaConnectionError
 from strom.network.fetch_session import FINAL_EPOCH, INVALID_SESSION_ID, FetchSessionHandler
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.errors import ErrorCode
@@ -148,6 +149,8 @@ class ReplicaFetcher:
         # KIP-227: one fetch session with the leader, kept across reconnections as Kafka does.
         self._session: FetchSessionHandler[SessionPartition, FetchPartitionRequest] = FetchSessionHandler()
         self._session_uses_topic_ids = True
+        # The address the connection was meant to come from (see _connect).
+        self._wanted_local_host: str | None = None
         # Set when the manager shuts this fetcher down for following nothing any more.
         self._idle = False
 
@@ -278,19 +281,41 @@ class ReplicaFetcher:
         endpoint = self._replica_manager.broker_endpoint(self.leader_id)
         if endpoint is None:
             raise ConnectionError(f"broker {self.leader_id} is not registered")
+        config = self._manager.config
+        # Leaders serve replica fetches only from this broker's registered host: connect from it.
+        # A wildcard listener has no address of its own; the registered (advertised) host then,
+        # unless it is no address of this machine (behind NAT, say).
+        own = self._replica_manager.broker_endpoint(self._replica_manager.node_id)
+        local_host = config.bind_host or (own[0] if own is not None else None)
         connection = self._connection
-        if connection is not None and connection.is_open and (connection.host, connection.port) == endpoint:
+        if (
+            connection is not None
+            and connection.is_open
+            and (connection.host, connection.port) == endpoint
+            and self._wanted_local_host == local_host
+        ):
             return connection
         self._disconnect()
-        config = self._manager.config
-        self._connection = await BrokerConnection.open(
+        self._wanted_local_host = local_host
+        try:
+            self._connection = await self._open(endpoint, local_host)
+        except KafkaConnectionError as e:
+            cause = e.__cause__
+            if local_host == config.bind_host or not (
+                isinstance(cause, OSError) and cause.errno == errno.EADDRNOTAVAIL
+            ):
+                raise
+            self._connection = await self._open(endpoint, config.bind_host)
+        return self._connection
+
+    async def _open(self, endpoint: tuple[str, int], local_host: str | None) -> BrokerConnection:
+        return await BrokerConnection.open(
             endpoint[0],
             endpoint[1],
             client_id=f"broker-{self._replica_manager.node_id}-fetcher-{self.leader_id}",
-            timeout=config.replica_socket_timeout_ms / 1000,
-            local_host=config.bind_host,
+            timeout=self._manager.config.replica_socket_timeout_ms / 1000,
+            local_host=local_host,
         )
-        return self._connection
 
     def _current(self, tp: TopicPartition, state: PartitionFetchState) -> Partition | None:
         """The follower partition if ``state`` is still how this fetcher follows it."""
@@ -514,12 +539,7 @@ class ReplicaFetcher:
                     )
                     self._delay(tp, state)
         for tp, state in out_of_range:
-            try:
-                await self._handle_out_of_range(connection, tp, state)
-            except (OSError, TimeoutError):
-                raise  # the connection failed, not the partition
-            except Exception:
-                self._fail(tp, state, "resetting an out-of-range offset")
+            await self._handle_out_of_range(connection, tp, state)
 
     def _process(self, partition: Partition, data: Any) -> None:
         diverging = getattr(data, "diverging_epoch", None)
@@ -543,15 +563,22 @@ class ReplicaFetcher:
         if partition is None or leader_end is None or leader_start is None:
             self._delay(tp, state)
             return
-        if leader_end < partition.log_end_offset:
-            self._truncate_partition(partition, leader_end)
-        elif partition.log_end_offset < leader_start:
-            log.info(
-                "follower behind the leader's log start: restarting its log there",
-                extra={"partition": str(tp), "log_end_offset": partition.log_end_offset, "to": leader_start},
-            )
-            partition.log.truncate_fully_and_start_at(leader_start)
-            partition.high_watermark = leader_start
+        try:
+            if leader_end < partition.log_end_offset:
+                self._truncate_partition(partition, leader_end)
+            elif partition.log_end_offset < leader_start:
+                log.info(
+                    "follower behind the leader's log start: restarting its log there",
+                    extra={
+                        "partition": str(tp),
+                        "log_end_offset": partition.log_end_offset,
+                        "to": leader_start,
+                    },
+                )
+                partition.log.truncate_fully_and_start_at(leader_start)
+                partition.high_watermark = leader_start
+        except Exception:
+            self._fail(tp, state, "truncating to the leader's log")
 
     async def _leader_offset(
         self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState, timestamp: int
