@@ -139,7 +139,17 @@ def test_claims_of_a_dead_or_live_followers_id_are_refused(cluster: Cluster) -> 
     cluster.wait_for_isr(TOPIC, 0, 1)
     cluster.wait_for(lambda: dead not in cluster.registered_brokers(), f"broker {dead}'s registration gone")
     with wire_to(cluster, leader) as wire:
-        assert wire.produce(TOPIC, batch(b"refused"), acks=-1).error_code == ErrorCode.not_enough_replicas
+        # The controller's ISR change comes in a new leader epoch, which the leader applies a
+        # moment later (NOT_LEADER_OR_FOLLOWER meanwhile); a refused produce appends nothing.
+        refused = cluster.wait_for(
+            lambda: (
+                (error := wire.produce(TOPIC, batch(b"refused"), acks=-1).error_code)
+                != ErrorCode.not_leader_or_follower
+                and error
+            ),
+            "the leader in its new epoch",
+        )
+        assert refused == ErrorCode.not_enough_replicas
         for i in range(5):
             assert wire.produce(TOPIC, batch(b"uncommitted %d" % i), acks=1).error_code == ErrorCode.none
         leo = 6
