@@ -263,8 +263,8 @@ class ReplicaManager:
         served as one (Kafka needs CLUSTER_ACTION for it; without ACLs the leader checks what it
         can): the broker is another live, registered broker; ``replica_epoch`` (KIP-903, Fetch
         v15+; -1 when the fetcher does not know it) is its registration's epoch; and the
-        connection comes from an address of the broker's registered host (brokers bind their
-        fetchers' sockets to their listener address). On a single node there are no followers."""
+        connection comes from an address of the broker's registered host (a fetcher connects
+        from its listener's address, or its registered host). A single node has no followers."""
         if replica_id == self.node_id:
             return False
         endpoint = self.broker_endpoint(replica_id)
