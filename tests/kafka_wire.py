@@ -58,8 +58,18 @@ def produce_request(topic: str, batches: Mapping[int, bytes], *, acks: int = 1) 
 
 
 class KafkaWire:
-    def __init__(self, host: str, port: int, client_id: str = "strom-tests", timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        client_id: str = "strom-tests",
+        timeout: float = 10.0,
+        *,
+        local_host: str | None = None,
+    ) -> None:
+        """``local_host``: the address to connect from (e.g. a broker's, to pose as it)."""
+        source = (local_host, 0) if local_host is not None else None
+        self.sock = socket.create_connection((host, port), timeout=timeout, source_address=source)
         self.client_id = client_id
         self._correlation_id = 0
 

@@ -123,6 +123,9 @@ class Link:
     def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
         return self.plane.endpoint(broker_id) if broker_id in self.plane.brokers else None
 
+    def broker_epoch(self, broker_id: int) -> int | None:
+        return 100 + broker_id if broker_id in self.plane.brokers else None
+
     async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:
         current = self.plane.state
         if state.partition_epoch != current.partition_epoch or self.node_id in self.plane.deaf:
@@ -147,9 +150,13 @@ async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
             await asyncio.sleep(0.02)
 
 
-async def connect(plane: MiniControlPlane, node_id: int) -> BrokerConnection:
+async def connect(plane: MiniControlPlane, node_id: int, *, as_broker: int | None = None) -> BrokerConnection:
+    """A connection to broker ``node_id``; ``as_broker``: from that broker's address."""
     host, port = plane.endpoint(node_id)
-    return await BrokerConnection.open(host, port, client_id="replication-test", timeout=5)
+    local_host = None if as_broker is None else f"127.0.0.1{as_broker}"
+    return await BrokerConnection.open(
+        host, port, client_id="replication-test", timeout=5, local_host=local_host
+    )
 
 
 async def produce(connection: BrokerConnection, records: bytes, acks: int, timeout_ms: int = 5000) -> Any:
@@ -344,18 +351,21 @@ def test_old_leader_truncates_to_the_new_leaders_log(tmp_path: Path) -> None:
         await eventually(lambda: plane.state.isr == [2, 3, 1])
 
         # KIP-320 on the leader: a replica whose log went on in epoch 0 up to 8 is told where it
-        # diverges (epoch 0 ends at 5 here); one in step gets records up to the LEO.
-        data = await replica_fetch(new_leader, 3, offset=8, last_fetched_epoch=0, leader_epoch=1)
+        # diverges (epoch 0 ends at 5 here); one in step gets records up to the LEO. (Fetched as
+        # broker 3, from its address: the leader serves replica fetches only from there.)
+        as_3 = await connect(plane, 2, as_broker=3)
+        data = await replica_fetch(as_3, 3, offset=8, last_fetched_epoch=0, leader_epoch=1)
         assert (data.error_code, data.diverging_epoch.epoch, data.diverging_epoch.end_offset) == (0, 0, 5)
         assert not data.records
-        data = await replica_fetch(new_leader, 3, offset=5, last_fetched_epoch=0, leader_epoch=1)
+        data = await replica_fetch(as_3, 3, offset=5, last_fetched_epoch=0, leader_epoch=1)
         assert data.diverging_epoch.epoch == -1 and data.records
-        data = await replica_fetch(new_leader, 3, offset=5, last_fetched_epoch=0, leader_epoch=0)
+        data = await replica_fetch(as_3, 3, offset=5, last_fetched_epoch=0, leader_epoch=0)
         assert data.error_code == ErrorCode.fenced_leader_epoch
         # A broker outside the replica set is no follower.
-        data = await replica_fetch(new_leader, 9, offset=5, last_fetched_epoch=0, leader_epoch=1)
+        data = await replica_fetch(as_3, 9, offset=5, last_fetched_epoch=0, leader_epoch=1)
         assert data.error_code == ErrorCode.not_leader_or_follower
         leader.close()
         new_leader.close()
+        as_3.close()
 
     run(scenario, tmp_path)

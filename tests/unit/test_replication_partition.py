@@ -30,9 +30,14 @@ class FakeLink:
         self.states: dict[tuple[str, int], PartitionState] = {}
         self.writes: list[PartitionState] = []
         self.gate: asyncio.Event | None = None
+        # The live brokers' epochs (KIP-903) and hosts.
+        self.epochs: dict[int, int] = {1: 101, 2: 102, 3: 103}
 
     def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
-        return None
+        return (f"127.0.0.1{broker_id}", 9092) if broker_id in self.epochs else None
+
+    def broker_epoch(self, broker_id: int) -> int | None:
+        return self.epochs.get(broker_id)
 
     async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:
         if self.gate is not None:

@@ -96,8 +96,9 @@ class Partition:
         self.followers: dict[int, FollowerState] = {}
         # The ISR of an AlterPartition in flight (one at a time), None when none is.
         self.pending_isr: list[int] | None = None
-        # acks=all produces: (required HW, future completed with the produce's error code).
-        self._produce_waiters: list[tuple[int, asyncio.Future[ErrorCode]]] = []
+        # acks=all produces: each one's future (completed with its error code) and the HW it needs.
+        # A waiter leaves when its future is done, also when its produce times out (cancelled).
+        self._produce_waiters: dict[asyncio.Future[ErrorCode], int] = {}
         latest_epoch = log.leader_epoch_cache.latest_epoch
         if not replicated and leader_epoch >= 0 and (latest_epoch is None or latest_epoch < leader_epoch):
             try:
@@ -282,8 +283,17 @@ class Partition:
         if outcome is not None:
             future.set_result(outcome)
         else:
-            self._produce_waiters.append((required_offset, future))
+            self._produce_waiters[future] = required_offset
+            future.add_done_callback(self._forget_produce_waiter)
         return future
+
+    def _forget_produce_waiter(self, future: asyncio.Future[ErrorCode]) -> None:
+        self._produce_waiters.pop(future, None)
+
+    @property
+    def delayed_produce_count(self) -> int:
+        """acks=all produces waiting for the HW (Kafka's delayed produce purgatory size)."""
+        return len(self._produce_waiters)
 
     def _produce_outcome(self, required_offset: int) -> ErrorCode | None:
         if not self.is_leader:
@@ -295,20 +305,15 @@ class Partition:
         return ErrorCode.none
 
     def _complete_delayed_produces(self) -> None:
-        waiting = []
-        for required, future in self._produce_waiters:
-            if future.done():
-                continue
+        for future, required in list(self._produce_waiters.items()):
             outcome = self._produce_outcome(required)
-            if outcome is None:
-                waiting.append((required, future))
-            else:
+            if outcome is not None and not future.done():
                 future.set_result(outcome)
-        self._produce_waiters = waiting
+                del self._produce_waiters[future]
 
     def fail_delayed_produces(self, error: ErrorCode) -> None:
-        waiters, self._produce_waiters = self._produce_waiters, []
-        for _, future in waiters:
+        waiters, self._produce_waiters = self._produce_waiters, {}
+        for future in waiters:
             if not future.done():
                 future.set_result(error)
 

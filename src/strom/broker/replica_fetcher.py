@@ -8,6 +8,13 @@ agree. Then it fetches with the real Fetch API as replica ``node_id`` (``replica
 ``replica_state`` from v15), sending its last fetched epoch; a ``diverging_epoch`` answer
 (KIP-320) truncates the log again. Fetched batches are appended with their offsets and leader
 epochs (``Log.append_as_follower``); the follower's HW is the leader's bounded by its own LEO.
+
+Errors stay where they happen, as in Kafka's AbstractFetcherThread: one partition's failure to
+truncate or append marks that partition failed (logged once, with its traceback) and the fetcher
+goes on with the others; the partition is fetched again when a new state re-adds it. A failed
+request (a lost connection, a timeout) backs the whole fetcher off; its first failure in a row is
+logged with the cause. A fetcher left without partitions is shut down (Kafka's
+shutdownIdleFetcherThreads), closing its fetch session on the leader and its connection.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import errno
 import logging
 import time
 import uuid
@@ -24,12 +32,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from strom.broker.partition import Partition, TopicPartition
-from strom.network.connection import BrokerConnection
-from strom.network.fetch_session import FetchSessionHandler
+from strom.network.connection import BrokerConnection, KafkaConnectionError
+from strom.network.fetch_session import FINAL_EPOCH, INVALID_SESSION_ID, FetchSessionHandler
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
-from strom.storage import StorageError
 
 if TYPE_CHECKING:
     from strom.broker.config import KafkaConfig
@@ -107,6 +114,8 @@ class PartitionFetchState:
     truncating: bool = True
     # monotonic time before which the partition is not fetched (after an error).
     delayed_until: float = 0.0
+    # Truncating or appending failed: not fetched until a new state re-adds the partition.
+    failed: bool = False
 
 
 def truncation_offset(partition: Partition, leader_epoch: int, leader_end_offset: int) -> tuple[int, bool]:
@@ -140,6 +149,10 @@ class ReplicaFetcher:
         # KIP-227: one fetch session with the leader, kept across reconnections as Kafka does.
         self._session: FetchSessionHandler[SessionPartition, FetchPartitionRequest] = FetchSessionHandler()
         self._session_uses_topic_ids = True
+        # The address the connection was meant to come from (see _connect).
+        self._wanted_local_host: str | None = None
+        # Set when the manager shuts this fetcher down for following nothing any more.
+        self._idle = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -156,6 +169,54 @@ class ReplicaFetcher:
                 await self._task
         self._disconnect()
 
+    async def shutdown_idle(self) -> None:
+        """Stop once the request in flight is answered (so the fetch session is the one the leader
+        knows), close that session on the leader (KIP-227's final epoch: its slot in the leader's
+        session cache is free at once; best effort), then the connection."""
+        self._idle = True
+        self.wake()
+        try:
+            if self._task is not None:
+                await self._task
+            connection, session_id = self._connection, self._session.session_id
+            if connection is not None and connection.is_open and session_id != INVALID_SESSION_ID:
+                await self._close_session(connection, session_id)
+        except Exception as e:  # the leader may be gone: its sessions went with it
+            log.debug("closing the fetch session failed", extra={"leader": self.leader_id, "error": repr(e)})
+        finally:
+            self._disconnect()
+
+    async def _close_session(self, connection: BrokerConnection, session_id: int) -> None:
+        version = connection.version(ApiKey.FETCH, FETCH_MAX_VERSION, FETCH_MIN_VERSION)
+        module = request_module(ApiKey.FETCH, version)
+        request = build(
+            module.FetchRequest,
+            max_wait=datetime.timedelta(0),
+            min_bytes=0,
+            max_bytes=0,
+            isolation_level=0,
+            session_id=session_id,
+            session_epoch=FINAL_EPOCH,
+            topics=(),
+            forgotten_topics_data=(),
+            rack_id="",
+            **self._replica_fields(module, version),
+        )
+        await connection.send(request, timeout=self._manager.config.replica_socket_timeout_ms / 1000)
+
+    def _replica_fields(self, module: Any, version: int) -> dict[str, Any]:
+        """Who fetches: ``replica_id``, from v15 ``replica_state`` with this broker's epoch
+        (KIP-903: the leader serves a replica fetch only with the broker's current epoch)."""
+        node_id = self._replica_manager.node_id
+        if version < 15:
+            return {"replica_id": node_id}
+        epoch = self._replica_manager.broker_epoch(node_id)
+        return {
+            "replica_state": module.ReplicaState(
+                replica_id=node_id, replica_epoch=-1 if epoch is None else epoch
+            )
+        }
+
     def _disconnect(self) -> None:
         if self._connection is not None:
             self._connection.close()
@@ -168,7 +229,7 @@ class ReplicaFetcher:
     async def _run(self) -> None:
         config = self._manager.config
         failures = 0
-        while True:
+        while not self._idle:
             try:
                 await self._do_work()
                 failures = 0
@@ -176,12 +237,14 @@ class ReplicaFetcher:
                 raise
             except Exception as e:
                 # Connection loss, timeouts, a leader gone: back off, reconnect, go on. The first
-                # failure of a run is a warning; the retries (every replica.fetch.backoff.ms, until
-                # a new leader is known) are debug lines, so a dead leader does not flood the log.
+                # failure of a run is a warning (with the traceback if it is no network error);
+                # the retries (every replica.fetch.backoff.ms, until a new leader is known) are
+                # debug lines, so a dead leader does not flood the log.
                 failures += 1
                 log.log(
                     logging.WARNING if failures == 1 else logging.DEBUG,
                     "replica fetcher failed; retrying",
+                    exc_info=failures == 1 and not isinstance(e, OSError | TimeoutError),
                     extra={
                         "leader": self.leader_id,
                         "error": f"{type(e).__name__}: {e}",
@@ -193,10 +256,14 @@ class ReplicaFetcher:
 
     async def _do_work(self) -> None:
         now = time.monotonic()
-        ready = {tp: state for tp, state in self.partitions.items() if state.delayed_until <= now}
+        ready = {
+            tp: state
+            for tp, state in self.partitions.items()
+            if state.delayed_until <= now and not state.failed
+        }
         if not ready:
             self._changed.clear()
-            delays = [state.delayed_until - now for state in self.partitions.values()]
+            delays = [state.delayed_until - now for state in self.partitions.values() if not state.failed]
             try:
                 async with asyncio.timeout(min(delays) if delays else None):
                     await self._changed.wait()
@@ -214,19 +281,41 @@ class ReplicaFetcher:
         endpoint = self._replica_manager.broker_endpoint(self.leader_id)
         if endpoint is None:
             raise ConnectionError(f"broker {self.leader_id} is not registered")
+        config = self._manager.config
+        # Leaders serve replica fetches only from this broker's registered host: connect from it.
+        # A wildcard listener has no address of its own; the registered (advertised) host then,
+        # unless it is no address of this machine (behind NAT, say).
+        own = self._replica_manager.broker_endpoint(self._replica_manager.node_id)
+        local_host = config.bind_host or (own[0] if own is not None else None)
         connection = self._connection
-        if connection is not None and connection.is_open and (connection.host, connection.port) == endpoint:
+        if (
+            connection is not None
+            and connection.is_open
+            and (connection.host, connection.port) == endpoint
+            and self._wanted_local_host == local_host
+        ):
             return connection
         self._disconnect()
-        config = self._manager.config
-        self._connection = await BrokerConnection.open(
+        self._wanted_local_host = local_host
+        try:
+            self._connection = await self._open(endpoint, local_host)
+        except KafkaConnectionError as e:
+            cause = e.__cause__
+            if local_host == config.bind_host or not (
+                isinstance(cause, OSError) and cause.errno == errno.EADDRNOTAVAIL
+            ):
+                raise
+            self._connection = await self._open(endpoint, config.bind_host)
+        return self._connection
+
+    async def _open(self, endpoint: tuple[str, int], local_host: str | None) -> BrokerConnection:
+        return await BrokerConnection.open(
             endpoint[0],
             endpoint[1],
             client_id=f"broker-{self._replica_manager.node_id}-fetcher-{self.leader_id}",
-            timeout=config.replica_socket_timeout_ms / 1000,
-            local_host=config.bind_host,
+            timeout=self._manager.config.replica_socket_timeout_ms / 1000,
+            local_host=local_host,
         )
-        return self._connection
 
     def _current(self, tp: TopicPartition, state: PartitionFetchState) -> Partition | None:
         """The follower partition if ``state`` is still how this fetcher follows it."""
@@ -239,6 +328,16 @@ class ReplicaFetcher:
 
     def _delay(self, tp: TopicPartition, state: PartitionFetchState) -> None:
         state.delayed_until = time.monotonic() + self._manager.config.replica_fetch_backoff_ms / 1000
+
+    def _fail(self, tp: TopicPartition, state: PartitionFetchState, what: str) -> None:
+        """Mark ``tp`` failed (Kafka's markPartitionFailed), logged once with the exception being
+        handled; the fetcher's other partitions go on."""
+        state.failed = True
+        log.error(
+            "replica fetcher: partition failed; it is not fetched until its next state",
+            exc_info=True,
+            extra={"partition": str(tp), "leader": self.leader_id, "while": what},
+        )
 
     # -- truncation (KIP-101/279) ---------------------------------------------------------------
 
@@ -257,7 +356,11 @@ class ReplicaFetcher:
             latest = partition.log.leader_epoch_cache.latest_epoch
             if latest is None:
                 # No epochs (an empty log, or one older than epochs): keep what is committed.
-                partition.truncate_to(partition.high_watermark)
+                try:
+                    partition.truncate_to(partition.high_watermark)
+                except Exception:
+                    self._fail(tp, state, "truncating")
+                    continue
                 state.truncating = False
                 continue
             asked[tp] = state
@@ -299,8 +402,12 @@ class ReplicaFetcher:
                     )
                     self._delay(tp, state)
                     continue
-                offset, done = truncation_offset(partition, answer.leader_epoch, answer.end_offset)
-                self._truncate_partition(partition, offset)
+                try:
+                    offset, done = truncation_offset(partition, answer.leader_epoch, answer.end_offset)
+                    self._truncate_partition(partition, offset)
+                except Exception:
+                    self._fail(tp, state, "truncating")
+                    continue
                 state.truncating = not done
 
     def _truncate_partition(self, partition: Partition, offset: int) -> None:
@@ -317,7 +424,6 @@ class ReplicaFetcher:
         self, connection: BrokerConnection, states: dict[TopicPartition, PartitionFetchState]
     ) -> None:
         config = self._manager.config
-        node_id = self._replica_manager.node_id
         version = connection.version(ApiKey.FETCH, FETCH_MAX_VERSION, FETCH_MIN_VERSION)
         module = request_module(ApiKey.FETCH, version)
         by_id = version >= 13
@@ -370,9 +476,6 @@ class ReplicaFetcher:
             build(module.ForgottenTopic, topic=name, topic_id=topic_id, partitions=tuple(parts))
             for (name, topic_id), parts in forgotten.items()
         )
-        fields: dict[str, Any] = {"replica_id": node_id}
-        if version >= 15:
-            fields = {"replica_state": module.ReplicaState(replica_id=node_id, replica_epoch=-1)}
         request = build(
             module.FetchRequest,
             max_wait=datetime.timedelta(milliseconds=config.replica_fetch_wait_max_ms),
@@ -384,7 +487,7 @@ class ReplicaFetcher:
             topics=topics,
             forgotten_topics_data=forgotten_topics,
             rack_id="",
-            **fields,
+            **self._replica_fields(module, version),
         )
         timeout = (config.replica_socket_timeout_ms + config.replica_fetch_wait_max_ms) / 1000
         try:
@@ -421,7 +524,10 @@ class ReplicaFetcher:
                     continue
                 partition_error = ErrorCode(data.error_code)
                 if partition_error == ErrorCode.none:
-                    self._process(partition, state, data)
+                    try:
+                        self._process(partition, data)
+                    except Exception:
+                        self._fail(tp, state, "appending")
                 elif partition_error == ErrorCode.offset_out_of_range:
                     out_of_range.append((tp, state))
                 else:
@@ -435,21 +541,16 @@ class ReplicaFetcher:
         for tp, state in out_of_range:
             await self._handle_out_of_range(connection, tp, state)
 
-    def _process(self, partition: Partition, state: PartitionFetchState, data: Any) -> None:
-        tp = partition.tp
+    def _process(self, partition: Partition, data: Any) -> None:
         diverging = getattr(data, "diverging_epoch", None)
         if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
             offset, _ = truncation_offset(partition, diverging.epoch, diverging.end_offset)
             self._truncate_partition(partition, offset)
             return
-        try:
-            if data.records:
-                partition.append_records_as_follower(data.records)
-            partition.update_follower_high_watermark(data.high_watermark)
-            partition.log.follow_log_start_offset(data.log_start_offset, partition.high_watermark)
-        except StorageError as e:
-            log.error("follower append failed", extra={"partition": str(tp), "error": str(e)})
-            self._delay(tp, state)
+        if data.records:
+            partition.append_records_as_follower(data.records)
+        partition.update_follower_high_watermark(data.high_watermark)
+        partition.log.follow_log_start_offset(data.log_start_offset, partition.high_watermark)
 
     async def _handle_out_of_range(
         self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState
@@ -462,15 +563,22 @@ class ReplicaFetcher:
         if partition is None or leader_end is None or leader_start is None:
             self._delay(tp, state)
             return
-        if leader_end < partition.log_end_offset:
-            self._truncate_partition(partition, leader_end)
-        elif partition.log_end_offset < leader_start:
-            log.info(
-                "follower behind the leader's log start: restarting its log there",
-                extra={"partition": str(tp), "log_end_offset": partition.log_end_offset, "to": leader_start},
-            )
-            partition.log.truncate_fully_and_start_at(leader_start)
-            partition.high_watermark = leader_start
+        try:
+            if leader_end < partition.log_end_offset:
+                self._truncate_partition(partition, leader_end)
+            elif partition.log_end_offset < leader_start:
+                log.info(
+                    "follower behind the leader's log start: restarting its log there",
+                    extra={
+                        "partition": str(tp),
+                        "log_end_offset": partition.log_end_offset,
+                        "to": leader_start,
+                    },
+                )
+                partition.log.truncate_fully_and_start_at(leader_start)
+                partition.high_watermark = leader_start
+        except Exception:
+            self._fail(tp, state, "truncating to the leader's log")
 
     async def _leader_offset(
         self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState, timestamp: int
@@ -509,15 +617,29 @@ class ReplicaFetcher:
 
 class ReplicaFetcherManager:
     """The fetchers of one broker: num.replica.fetchers per leader it follows, each partition
-    with the one its topic and partition hash to (Kafka's getFetcherId)."""
+    with the one its topic and partition hash to (Kafka's getFetcherId). A fetcher left without
+    partitions is shut down once the change that emptied it is done (a partition moving to a new
+    epoch of the same leader is removed and added again at once: its fetcher stays)."""
 
     def __init__(self, replica_manager: ReplicaManager, config: ReplicationConfig) -> None:
         self.replica_manager = replica_manager
         self.config = config
         self._fetchers: dict[tuple[int, int], ReplicaFetcher] = {}
+        # Idle fetchers being shut down, and whether a check for idle fetchers is scheduled.
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._idle_check: asyncio.Handle | None = None
         # Once shut down (the broker is leaving: a controlled shutdown), no partition is followed
         # again, so no leader takes this broker back into its ISR on its way out.
         self._closed = False
+
+    @property
+    def fetcher_count(self) -> int:
+        return len(self._fetchers)
+
+    @property
+    def failed_partitions(self) -> list[TopicPartition]:
+        """Partitions marked failed (Kafka's FailedPartitionsCount), until a new state re-adds them."""
+        return [tp for f in self._fetchers.values() for tp, state in f.partitions.items() if state.failed]
 
     def add_partition(
         self, tp: TopicPartition, topic_id: uuid.UUID, leader_id: int, leader_epoch: int
@@ -540,8 +662,30 @@ class ReplicaFetcherManager:
         for fetcher in self._fetchers.values():
             for tp in tps:
                 fetcher.partitions.pop(tp, None)
+        if self._idle_check is None and not self._closed:
+            self._idle_check = asyncio.get_running_loop().call_soon(self._shutdown_idle_fetchers)
+
+    def _shutdown_idle_fetchers(self) -> None:
+        """Kafka's shutdownIdleFetcherThreads: stop the fetchers that follow nothing any more."""
+        self._idle_check = None
+        for key, fetcher in list(self._fetchers.items()):
+            if not fetcher.partitions:
+                del self._fetchers[key]
+                task = asyncio.get_running_loop().create_task(
+                    fetcher.shutdown_idle(), name=f"replica-fetcher-{fetcher.leader_id}-shutdown"
+                )
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
 
     async def shutdown(self) -> None:
         self._closed = True
+        if self._idle_check is not None:
+            self._idle_check.cancel()
+            self._idle_check = None
         fetchers, self._fetchers = self._fetchers, {}
-        await asyncio.gather(*(fetcher.stop() for fetcher in fetchers.values()))
+        stopping = list(self._stopping)
+        for task in stopping:
+            task.cancel()  # no session to close on the way out: the connections close
+        await asyncio.gather(
+            *(fetcher.stop() for fetcher in fetchers.values()), *stopping, return_exceptions=True
+        )

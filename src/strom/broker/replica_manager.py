@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import socket
 import time
 import uuid
 from collections import defaultdict
@@ -85,6 +87,23 @@ class FetchResult:
     diverging_epoch: tuple[int, int] | None = None
 
 
+# A registered host name is resolved again when a fetch does not match it after this long.
+HOST_RESOLUTION_TTL_S = 60.0
+# Refused replica fetches are logged as warnings at most this often (the rest at debug).
+REFUSAL_LOG_INTERVAL_S = 60.0
+
+
+def normalized_address(host: str) -> str | None:
+    """``host`` as an IP address in canonical form (IPv4-mapped IPv6 as IPv4), None if no IP."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
 def error_code_of(exc: BaseException) -> ErrorCode:
     code = getattr(exc, "error_code", None)
     return ErrorCode(code) if isinstance(code, int) else ErrorCode.unknown_server_error
@@ -121,6 +140,9 @@ class ReplicaManager:
         self._background: list[asyncio.Task[None]] = []
         self._checkpointed_high_watermarks: dict[tuple[str, int], int] | None = None
         self.fetchers = ReplicaFetcherManager(self, self.replication) if cluster is not None else None
+        # Registered brokers' hosts resolved to addresses: (addresses, monotonic time resolved).
+        self._resolved_hosts: dict[str, tuple[frozenset[str], float]] = {}
+        self._last_refusal_logged = -REFUSAL_LOG_INTERVAL_S
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -234,6 +256,71 @@ class ReplicaManager:
 
     def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
         return self.cluster.broker_endpoint(broker_id) if self.cluster is not None else None
+
+    def broker_epoch(self, broker_id: int) -> int | None:
+        """A live broker's epoch (KIP-903), None if it is not registered (or on a single node)."""
+        return self.cluster.broker_epoch(broker_id) if self.cluster is not None else None
+
+    # -- who may fetch as a follower ------------------------------------------------------------
+
+    async def accepts_replica_fetch(self, replica_id: int, replica_epoch: int, peer_host: str) -> bool:
+        """Whether a Fetch claiming to come from broker ``replica_id``'s replica fetcher may be
+        served as one (Kafka needs CLUSTER_ACTION for it; without ACLs the leader checks what it
+        can): the broker is another live, registered broker; ``replica_epoch`` (KIP-903, Fetch
+        v15+; -1 when the fetcher does not know it) is its registration's epoch; and the
+        connection comes from an address of the broker's registered host (a fetcher connects
+        from its listener's address, or its registered host). A single node has no followers."""
+        if replica_id == self.node_id:
+            return False
+        endpoint = self.broker_endpoint(replica_id)
+        epoch = self.broker_epoch(replica_id)
+        if endpoint is None or epoch is None:
+            reason = "not a live broker"
+        elif replica_epoch not in (-1, epoch):
+            reason = "stale or unknown broker epoch"
+        elif normalized_address(peer_host) not in await self._addresses_of(endpoint[0], peer_host):
+            reason = "connection not from the broker's host"
+        else:
+            return True
+        now = time.monotonic()
+        loud = now - self._last_refusal_logged >= REFUSAL_LOG_INTERVAL_S
+        if loud:
+            self._last_refusal_logged = now
+        log.log(
+            logging.WARNING if loud else logging.DEBUG,
+            "refusing a replica fetch",
+            extra={
+                "replica": replica_id,
+                "replica_epoch": replica_epoch,
+                "broker_epoch": epoch,
+                "peer": peer_host,
+                "reason": reason,
+            },
+        )
+        return False
+
+    async def _addresses_of(self, host: str, peer_host: str) -> frozenset[str]:
+        """The addresses ``host`` (a registered broker's) stands for; a name is resolved off the
+        loop, cached, and resolved again when ``peer_host`` does not match a stale entry."""
+        address = normalized_address(host)
+        if address is not None:
+            return frozenset({address})
+        cached = self._resolved_hosts.get(host)
+        now = time.monotonic()
+        if cached is not None and (
+            normalized_address(peer_host) in cached[0] or now - cached[1] < HOST_RESOLUTION_TTL_S
+        ):
+            return cached[0]
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError as e:
+            log.warning("cannot resolve a broker's host", extra={"host": host, "error": str(e)})
+            return cached[0] if cached is not None else frozenset()
+        addresses = frozenset(a for info in infos if (a := normalized_address(str(info[4][0]))) is not None)
+        if len(self._resolved_hosts) > 1024:
+            self._resolved_hosts.clear()  # hosts of brokers long gone
+        self._resolved_hosts[host] = (addresses, now)
+        return addresses
 
     async def apply_partition_state(self, topic: TopicState, state: PartitionState) -> None:
         """Become leader or follower of ``state``'s partition (Kafka's makeLeaders/makeFollowers);
@@ -699,7 +786,9 @@ class ReplicaManager:
             replica_id, request.fetch_offset, request.log_start_offset, now, leader_log_end
         ):
             self._wake_fetchers(partition.tp)  # consumers waiting at the old HW
-        self._maybe_alter_isr(partition, partition.isr_expansion(replica_id))
+        # Only a live broker's replica joins the ISR (KIP-841: a fenced one is never eligible).
+        if self.broker_epoch(replica_id) is not None:
+            self._maybe_alter_isr(partition, partition.isr_expansion(replica_id))
 
     async def fetch_messages(
         self,

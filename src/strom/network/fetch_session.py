@@ -20,6 +20,7 @@ from strom.protocol.errors import ErrorCode
 
 INVALID_SESSION_ID = 0
 INITIAL_EPOCH = 0
+FINAL_EPOCH = -1  # a fetch with this epoch closes the session it names (or fetches without one)
 _INT_MAX = 0x7FFFFFFF
 
 K = TypeVar("K", bound=Hashable)

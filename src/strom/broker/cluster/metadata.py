@@ -106,8 +106,8 @@ class MetadataImage:
 class ClusterLink(Protocol):
     """What the replication layer needs from a cluster's control plane (ZooKeeper mode).
 
-    The replica manager and its fetchers see the cluster only through this: where a broker
-    listens, and the leader's conditional write of a partition's ISR (Kafka's AlterPartition;
+    The replica manager and its fetchers see the cluster only through this: where a live broker
+    listens and its epoch, and the leader's conditional write of a partition's ISR (Kafka's AlterPartition;
     in ZooKeeper mode the leader writes the state znode itself, fenced by its version).
     """
 
@@ -115,6 +115,11 @@ class ClusterLink(Protocol):
 
     def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
         """The host and port of a live broker's client listener; None if it is not registered."""
+        ...
+
+    def broker_epoch(self, broker_id: int) -> int | None:
+        """A live broker's epoch (KIP-903: the creation zxid of its registration, new with every
+        registration); None if it is not registered."""
         ...
 
     async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:

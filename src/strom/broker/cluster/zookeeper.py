@@ -473,6 +473,9 @@ class ZkControlPlane:
         registration = self.live_brokers.get(broker_id)
         return registration.endpoint() if registration is not None else None
 
+    def broker_epoch(self, broker_id: int) -> int | None:
+        return self.broker_epochs.get(broker_id)
+
     def broker_racks(self) -> dict[int, str | None]:
         return {b: r.rack for b, r in self.live_brokers.items()}
 

@@ -13,6 +13,12 @@ or a diverging epoch. Epoch -1 is a sessionless full fetch, answered with sessio
 every requested partition, as before KIP-227 (librdkafka and aiokafka fetch so). An unknown
 session is FETCH_SESSION_ID_NOT_FOUND, a wrong epoch INVALID_FETCH_SESSION_EPOCH, and a
 session used across the v13 topic-id boundary FETCH_SESSION_TOPIC_ID_ERROR.
+
+A fetch naming a replica (``replica_id``, from v15 ``replica_state``) reads up to the log end and
+moves the follower's position, the HW and the ISR, so it is served as one only if the replica
+manager accepts it as that broker's fetcher (a live broker, its KIP-903 broker epoch, its host).
+Otherwise every partition it lists is answered NOT_LEADER_OR_FOLLOWER, as Kafka answers a
+follower fetch it does not record, and no fetch session is touched.
 """
 
 from __future__ import annotations
@@ -45,6 +51,16 @@ def replica_id_of(version: int, request: Any) -> int:
     return int(getattr(request, "replica_id", -1))
 
 
+def replica_epoch_of(version: int, request: Any) -> int:
+    """The fetching follower's broker epoch (KIP-903, v15+), -1 when it sends none."""
+    return int(request.replica_state.replica_epoch) if version >= 15 else -1
+
+
+def peer_host(peer: str) -> str:
+    """The address of a connection's peer, given as ``address:port``."""
+    return peer.rsplit(":", 1)[0]
+
+
 def requested_partitions(version: int, request: Any) -> tuple[list[RequestedPartition], list[PartitionKey]]:
     """The partitions a fetch lists and those it forgets, keyed by topic id from v13, else name."""
     by_id = version >= 13
@@ -75,6 +91,10 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     by_id = ctx.version >= 13
     replica_id = replica_id_of(ctx.version, request)
     requested, forgotten = requested_partitions(ctx.version, request)
+    if replica_id >= 0 and not await broker.replica_manager.accepts_replica_fetch(
+        replica_id, replica_epoch_of(ctx.version, request), peer_host(ctx.connection.peer)
+    ):
+        return refused_replica_fetch(r, requested, by_id)
     # Before v7 there are no sessions: every fetch is a sessionless full fetch.
     context = broker.fetch_sessions.new_context(
         getattr(request, "session_id", INVALID_SESSION_ID),
@@ -175,6 +195,37 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         session_id=session_id,
         responses=responses,
         node_endpoints=node_endpoints(r, broker.replica_manager, hints),
+    )
+
+
+def refused_replica_fetch(r: Any, requested: list[RequestedPartition], by_id: bool) -> Any:
+    """Every requested partition NOT_LEADER_OR_FOLLOWER, without records or a session."""
+    by_topic: dict[TopicKey, list[Any]] = {}
+    for p in requested:
+        topic_key, index = p.key
+        by_topic.setdefault(topic_key, []).append(
+            build(
+                r.PartitionData,
+                partition_index=index,
+                error_code=ErrorCode.not_leader_or_follower,
+                high_watermark=-1,
+                last_stable_offset=-1,
+                log_start_offset=-1,
+                aborted_transactions=None,
+                preferred_read_replica=-1,
+                records=b"",
+            )
+        )
+    responses = tuple(
+        build(
+            r.FetchableTopicResponse,
+            partitions=tuple(partitions),
+            **({"topic_id": topic_key} if by_id else {"topic": topic_key}),
+        )
+        for topic_key, partitions in by_topic.items()
+    )
+    return build(
+        r.FetchResponse, error_code=ErrorCode.none, session_id=INVALID_SESSION_ID, responses=responses
     )
 
 
