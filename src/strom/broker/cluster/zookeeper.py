@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -634,18 +634,3 @@ class ZkControlPlane:
             except BadVersionError:
                 continue
             return range(block.block_start, block.block_end + 1)
-
-
-async def with_retries(
-    attempt: Callable[[], Awaitable[bool]], retries: int, backoff_s: float, what: str
-) -> bool:
-    """``attempt()`` until it returns True, at most ``retries`` + 1 times, ``backoff_s`` apart."""
-    for n in range(retries + 1):
-        try:
-            if await attempt():
-                return True
-        except Exception as e:
-            log.warning(f"{what} failed", extra={"attempt": n + 1, "error": repr(e)})
-        if n < retries:
-            await asyncio.sleep(backoff_s)
-    return False
