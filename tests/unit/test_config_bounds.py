@@ -97,3 +97,22 @@ def test_a_dynamic_thread_count_moves_at_most_by_half_or_double(
 def test_a_topic_ratio_that_is_not_a_finite_number_is_refused(value: str) -> None:
     with pytest.raises(InvalidConfigError, match="finite"):
         LogConfig.from_props({"min.cleanable.dirty.ratio": value})
+
+
+def test_the_inter_broker_listener_is_exempt_from_max_connections_only() -> None:
+    from strom.broker.network import ConnectionQuotas
+
+    quotas = ConnectionQuotas(max_connections=0, max_per_ip=1)
+    assert quotas.admit("10.0.0.1") is not None  # a client: refused at max.connections=0
+    assert quotas.admit("10.0.0.1", protected=True) is None  # a peer on the inter-broker listener
+    assert quotas.admit("10.0.0.1", protected=True) is not None  # but the per-address limit holds
+
+
+def test_the_inter_broker_listener_must_be_advertised() -> None:
+    two = {**DIRS, "listeners": "PLAINTEXT://:9092,INTERNAL://:9093"}
+    protocols = {"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT"}
+    assert KafkaConfig.from_sources({**two, **protocols}).inter_broker_listener_name == "PLAINTEXT"
+    named = KafkaConfig.from_sources({**two, **protocols, "inter.broker.listener.name": "internal"})
+    assert named.inter_broker_listener_name == "INTERNAL"
+    with pytest.raises(ConfigError, match=r"must be a listener name defined in advertised\.listeners"):
+        KafkaConfig.from_sources({**two, **protocols, "inter.broker.listener.name": "REPLICATION"})

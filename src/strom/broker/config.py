@@ -350,6 +350,23 @@ _CLUSTER = (
     ),
     _key("broker.rack", T.STRING, None, None, "The broker's rack; replica assignment spreads over racks."),
     _key(
+        "inter.broker.listener.name",
+        T.STRING,
+        None,
+        None,
+        "The listener brokers use among themselves (unset: the one named after "
+        "security.inter.broker.protocol, else the first); with more than one listener, connections on "
+        "it are exempt from max.connections (KIP-402).",
+    ),
+    _key(
+        "security.inter.broker.protocol",
+        T.STRING,
+        "PLAINTEXT",
+        OneOf(SECURITY_PROTOCOLS),
+        "The security protocol brokers use among themselves; names the inter-broker listener when "
+        "inter.broker.listener.name is unset.",
+    ),
+    _key(
         "replica.lag.time.max.ms",
         T.LONG,
         30000,
@@ -493,16 +510,6 @@ _ACCEPTED = (
         dynamic=True,
     ),
     _accepted("background.threads", T.INT, 10, Range(1), "Background task threads.", dynamic=True),
-    _accepted(
-        "inter.broker.listener.name", T.STRING, None, None, "The listener brokers use among themselves."
-    ),
-    _accepted(
-        "security.inter.broker.protocol",
-        T.STRING,
-        "PLAINTEXT",
-        OneOf(SECURITY_PROTOCOLS),
-        "The security protocol brokers use among themselves.",
-    ),
     _accepted(
         "share.coordinator.state.topic.replication.factor",
         T.SHORT,
@@ -798,6 +805,7 @@ class KafkaConfig:
                 ", ".join(skipped),
             )
         self.advertised_listeners: list[Listener] = self._advertised(served, protocols, controllers)
+        self.inter_broker_listener_name: str = self._inter_broker_listener_name()
 
         self.log_dirs: list[str] = self._log_dirs()
         self.num_partitions: int = self._int("num.partitions")
@@ -1193,6 +1201,21 @@ class KafkaConfig:
                     "Use a routable IP address.",
                 )
         return advertised
+
+    def _inter_broker_listener_name(self) -> str:
+        advertised = [listener.name for listener in self.advertised_listeners]
+        explicit = self._str("inter.broker.listener.name").strip().upper()
+        if explicit:
+            if explicit not in advertised:
+                raise _invalid(
+                    "inter.broker.listener.name",
+                    explicit,
+                    "inter.broker.listener.name must be a listener name defined in advertised.listeners. "
+                    f"The valid options based on currently configured listeners are {','.join(advertised)}",
+                )
+            return explicit
+        by_protocol = self._str("security.inter.broker.protocol").upper()
+        return by_protocol if by_protocol in advertised else advertised[0]
 
     def _log_dirs(self) -> list[str]:
         key = "log.dirs" if self._str("log.dirs").strip() else "log.dir"

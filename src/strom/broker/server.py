@@ -192,6 +192,7 @@ class BrokerServer:
         self._connections = self.network.connections
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_ports: list[int] = []
+        self._bound_port_of: dict[str, int] = {}  # listener name -> its bound port
         # Serialises topic creation, deletion and changes (see "topic management").
         self._admin_lock = asyncio.Lock()
         self._offsets_topic_task: asyncio.Task[None] | None = None
@@ -225,15 +226,20 @@ class BrokerServer:
         self._storage_loaded = True
         loop = asyncio.get_running_loop()
         self.group_coordinator.startup()
-        for listener in self.config.client_listeners():
+        listeners = self.config.client_listeners()
+        for listener in listeners:
+            protected = len(listeners) > 1 and listener.name == self.config.inter_broker_listener_name
             server = await loop.create_server(
-                lambda: KafkaConnection(self._dispatcher.handle, self.network),
+                lambda protected=protected: KafkaConnection(
+                    self._dispatcher.handle, self.network, protected=protected
+                ),
                 host=listener.host or None,
                 port=listener.port,
                 reuse_address=True,
                 backlog=1024,
             )
             self._servers.append(server)
+            self._bound_port_of[listener.name] = server.sockets[0].getsockname()[1]
             for sock in server.sockets:
                 set_socket_buffer_sizes(
                     sock, self.config.socket_send_buffer_bytes, self.config.socket_receive_buffer_bytes
@@ -530,6 +536,18 @@ class BrokerServer:
         """Compaction: the cleaner reads and writes segments in worker threads, swaps them in here."""
         await self.log_manager.clean_logs()
 
+    def _advertised_endpoints(self) -> list[tuple[str, str, int]]:
+        """(listener name, host, port) of every advertised listener, clients' first: what the
+        broker registers (peers connect to the inter-broker listener's)."""
+        return [
+            (
+                listener.name,
+                listener.host or socket.getfqdn(),
+                listener.port or self._bound_port_of.get(listener.name, 0),
+            )
+            for listener in self.config.advertised_listeners
+        ]
+
     def advertised_endpoint(self) -> tuple[str, int]:
         """The host and port clients are told to connect to (advertised.listeners, else listeners)."""
         listener = self.config.advertised_client_listener()
@@ -560,9 +578,7 @@ class BrokerServer:
     async def _join_cluster(self, cluster: ZkControlPlane) -> None:
         """Once the broker listens: register, contend for the controller, host the partitions
         ZooKeeper assigns to this broker (and follow every later change of their states)."""
-        host, port = self.advertised_endpoint()
-        listener = self.config.advertised_client_listener()
-        await cluster.register(cluster.registration([(listener.name, host, port)]))
+        await cluster.register(cluster.registration(self._advertised_endpoints()))
         self._tasks.append(asyncio.get_running_loop().create_task(self._apply_cluster_changes(cluster)))
         for topic in cluster.image.topics():
             self._topic_changed(topic.name)

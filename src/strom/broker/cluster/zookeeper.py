@@ -329,6 +329,14 @@ class ZkControlPlane:
         registration = self.live_brokers.get(broker_id)
         return registration.endpoint() if registration is not None else None
 
+    def peer_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        """Where this broker reaches ``broker_id``: its inter-broker listener (a peer that registered
+        no such listener is reached on its first)."""
+        registration = self.live_brokers.get(broker_id)
+        if registration is None:
+            return None
+        return registration.endpoint(self.config.inter_broker_listener_name) or registration.endpoint()
+
     def broker_racks(self) -> dict[int, str | None]:
         return {b: r.rack for b, r in self.live_brokers.items()}
 
