@@ -294,3 +294,12 @@ def test_a_bad_static_value_ends_serve_with_one_line(tmp_path: Any) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "log.cleaner.io.max.bytes.per.second" in lines[0], result.stderr
+
+
+def test_a_negative_idle_timeout_closes_no_connection(tmp_path: Any) -> None:
+    port = free_port()
+    broker = BrokerProcess(tmp_path, port=port, overrides={"connections.max.idle.ms": "-1"})
+    with broker, KafkaWire.connect(broker.bootstrap) as wire:
+        time.sleep(1.0)  # twenty idle checks
+        assert not wire.is_closed_by_peer(timeout=0.5)
+        assert create(wire, "still-served", {}) == (ErrorCode.none, None)

@@ -508,8 +508,11 @@ class BrokerServer:
         return max(50, min(self.config.connections_max_idle_ms // 4, 30_000))
 
     async def _close_idle_connections(self) -> None:
-        """Kafka's connections.max.idle.ms: a connection without traffic for that long is closed."""
+        """Kafka's connections.max.idle.ms: a connection without traffic for that long is closed
+        (a negative value, as in Kafka's selector, closes none)."""
         limit = self.config.connections_max_idle_ms / 1000
+        if limit < 0:
+            return
         now = time.monotonic()
         for connection in list(self._connections):
             if connection.idle_since(now) > limit:
