@@ -902,6 +902,7 @@ class BrokerServer:
             await self.group_coordinator.on_topic_deleted(name)
             await self.replica_manager.stop_replicas(topic)
             await self.local_plane.finish_deletion([topic.topic_id])
+            self.log_manager.held_topics.discard(name)  # a new topic of that name has its own configs
         log.info("deleted topic", extra={"topic": name})
         return topic
 
