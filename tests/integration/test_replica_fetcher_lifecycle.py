@@ -112,6 +112,9 @@ class Link:
         server = self.plane.brokers.get(broker_id)
         return (host(broker_id), server.bound_ports[0]) if server is not None else None
 
+    def peer_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        return self.broker_endpoint(broker_id)
+
     def broker_epoch(self, broker_id: int) -> int | None:
         return 100 + broker_id if broker_id in self.plane.brokers else None
 

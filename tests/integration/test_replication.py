@@ -126,6 +126,9 @@ class Link:
     def broker_epoch(self, broker_id: int) -> int | None:
         return 100 + broker_id if broker_id in self.plane.brokers else None
 
+    def peer_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        return self.broker_endpoint(broker_id)
+
     async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:
         current = self.plane.state
         if state.partition_epoch != current.partition_epoch or self.node_id in self.plane.deaf:

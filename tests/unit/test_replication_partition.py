@@ -39,6 +39,9 @@ class FakeLink:
     def broker_epoch(self, broker_id: int) -> int | None:
         return self.epochs.get(broker_id)
 
+    def peer_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        return None
+
     async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:
         if self.gate is not None:
             await self.gate.wait()

@@ -291,6 +291,9 @@ _IMPLEMENTED = (
         Range(0),
         "How long the cleaner waits between passes over the compacted logs.",
     ),
+    # Kafka checks the dedupe buffer only against log.cleaner.threads (more than 1 MiB per thread,
+    # in KafkaConfig's validation), and has no range for the next three: Strom adds the bounds
+    # without which a cleaner would map nothing, read nothing, or sleep for ages.
     _key(
         "log.cleaner.dedupe.buffer.size",
         T.LONG,
@@ -303,7 +306,7 @@ _IMPLEMENTED = (
         "log.cleaner.io.buffer.load.factor",
         T.DOUBLE,
         0.9,
-        None,
+        Range(0, 1, above_min=True),
         "The fraction of log.cleaner.dedupe.buffer.size the map may fill.",
         dynamic=True,
     ),
@@ -311,7 +314,7 @@ _IMPLEMENTED = (
         "log.cleaner.io.buffer.size",
         T.INT,
         512 * 1024,
-        Range(0),
+        Range(1),
         "Bytes the cleaner reads from a segment, and buffers for a cleaned one, at a time.",
         dynamic=True,
     ),
@@ -319,7 +322,7 @@ _IMPLEMENTED = (
         "log.cleaner.io.max.bytes.per.second",
         T.DOUBLE,
         sys.float_info.max,
-        None,
+        Range(1),
         "The cleaner's read plus write rate limit.",
         dynamic=True,
     ),
@@ -346,6 +349,23 @@ _CLUSTER = (
         "How long to wait for a connection to ZooKeeper (unset: zookeeper.session.timeout.ms).",
     ),
     _key("broker.rack", T.STRING, None, None, "The broker's rack; replica assignment spreads over racks."),
+    _key(
+        "inter.broker.listener.name",
+        T.STRING,
+        None,
+        None,
+        "The listener brokers use among themselves (unset: the one named after "
+        "security.inter.broker.protocol, else the first); with more than one listener, connections on "
+        "it are exempt from max.connections (KIP-402).",
+    ),
+    _key(
+        "security.inter.broker.protocol",
+        T.STRING,
+        "PLAINTEXT",
+        OneOf(SECURITY_PROTOCOLS),
+        "The security protocol brokers use among themselves; names the inter-broker listener when "
+        "inter.broker.listener.name is unset.",
+    ),
     _key(
         "replica.lag.time.max.ms",
         T.LONG,
@@ -389,8 +409,21 @@ _CLUSTER = (
         dynamic=True,
     ),
     _key("controlled.shutdown.enable", T.BOOLEAN, True, None, "Move leadership away before shutting down."),
-    _key("controlled.shutdown.max.retries", T.INT, 3, None, "Attempts of a controlled shutdown."),
+    _key(
+        "controlled.shutdown.max.retries",
+        T.INT,
+        3,
+        None,
+        "Attempts of a controlled shutdown; after the last one the broker stops anyway.",
+    ),
     _key("controlled.shutdown.retry.backoff.ms", T.LONG, 5000, None, "Pause between those attempts."),
+    _key(
+        "controller.socket.timeout.ms",
+        T.INT,
+        30000,
+        None,
+        "How long one attempt of a controlled shutdown waits for the controller's answer.",
+    ),
     _key(
         "auto.leader.rebalance.enable",
         T.BOOLEAN,
@@ -478,16 +511,6 @@ _ACCEPTED = (
     ),
     _accepted("background.threads", T.INT, 10, Range(1), "Background task threads.", dynamic=True),
     _accepted(
-        "inter.broker.listener.name", T.STRING, None, None, "The listener brokers use among themselves."
-    ),
-    _accepted(
-        "security.inter.broker.protocol",
-        T.STRING,
-        "PLAINTEXT",
-        OneOf(SECURITY_PROTOCOLS),
-        "The security protocol brokers use among themselves.",
-    ),
-    _accepted(
         "share.coordinator.state.topic.replication.factor",
         T.SHORT,
         3,
@@ -505,7 +528,8 @@ _ACCEPTED = (
         "log.cleaner.threads",
         T.INT,
         1,
-        Range(0),
+        # Kafka's validator says at least 0, but its config check then divides by the count.
+        Range(1),
         "Log cleaner threads (Strom cleans one log at a time, on one worker thread).",
         dynamic=True,
     ),
@@ -781,6 +805,7 @@ class KafkaConfig:
                 ", ".join(skipped),
             )
         self.advertised_listeners: list[Listener] = self._advertised(served, protocols, controllers)
+        self.inter_broker_listener_name: str = self._inter_broker_listener_name()
 
         self.log_dirs: list[str] = self._log_dirs()
         self.num_partitions: int = self._int("num.partitions")
@@ -846,6 +871,8 @@ class KafkaConfig:
         self.group_max_size: int = self._int("group.max.size")
         self.offsets_retention_minutes: int = self._int("offsets.retention.minutes")
         self.log_cleaner_enable: bool = self._bool("log.cleaner.enable")
+        if self._int("log.cleaner.dedupe.buffer.size") // self._int("log.cleaner.threads") <= 1024 * 1024:
+            raise ConfigError("log.cleaner.dedupe.buffer.size must be at least 1MB per cleaner thread.")
         self.cleaner_config: CleanerConfig = CleanerConfig(
             dedupe_buffer_size=self._int("log.cleaner.dedupe.buffer.size"),
             io_buffer_load_factor=self._float("log.cleaner.io.buffer.load.factor"),
@@ -881,6 +908,17 @@ class KafkaConfig:
         self.controlled_shutdown_enable: bool = self._bool("controlled.shutdown.enable")
         self.controlled_shutdown_max_retries: int = self._int("controlled.shutdown.max.retries")
         self.controlled_shutdown_retry_backoff_ms: int = self._int("controlled.shutdown.retry.backoff.ms")
+        self.controller_socket_timeout_ms: int = self._int("controller.socket.timeout.ms")
+        if self.replica_fetch_wait_max_ms > self.replica_socket_timeout_ms:
+            raise ConfigError(
+                "replica.socket.timeout.ms should always be at least replica.fetch.wait.max.ms "
+                "to prevent unnecessary socket timeouts"
+            )
+        if self.replica_fetch_wait_max_ms > self.replica_lag_time_max_ms:
+            raise ConfigError(
+                "replica.fetch.wait.max.ms should always be less than or equal to replica.lag.time.max.ms "
+                "to prevent frequent changes in ISR"
+            )
         self.auto_leader_rebalance_enable: bool = self._bool("auto.leader.rebalance.enable")
         self.leader_imbalance_check_interval_seconds: int = self._int(
             "leader.imbalance.check.interval.seconds"
@@ -1163,6 +1201,21 @@ class KafkaConfig:
                     "Use a routable IP address.",
                 )
         return advertised
+
+    def _inter_broker_listener_name(self) -> str:
+        advertised = [listener.name for listener in self.advertised_listeners]
+        explicit = self._str("inter.broker.listener.name").strip().upper()
+        if explicit:
+            if explicit not in advertised:
+                raise _invalid(
+                    "inter.broker.listener.name",
+                    explicit,
+                    "inter.broker.listener.name must be a listener name defined in advertised.listeners. "
+                    f"The valid options based on currently configured listeners are {','.join(advertised)}",
+                )
+            return explicit
+        by_protocol = self._str("security.inter.broker.protocol").upper()
+        return by_protocol if by_protocol in advertised else advertised[0]
 
     def _log_dirs(self) -> list[str]:
         key = "log.dirs" if self._str("log.dirs").strip() else "log.dir"

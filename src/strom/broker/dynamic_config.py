@@ -151,6 +151,45 @@ def check_dynamic_keys(configs: Mapping[str, str]) -> None:
         raise DynamicConfigRefused(f"Cannot update these configs dynamically: {_scala_set(static)}")
 
 
+# Kafka's DynamicThreadPool (and the network threads' acceptor): a dynamic thread count moves at
+# most by half down or double up per change, so no single change multiplies a broker's threads.
+THREAD_POOL_KEYS = (
+    "num.io.threads",
+    "num.network.threads",
+    "num.replica.fetchers",
+    "num.recovery.threads.per.data.dir",
+    "background.threads",
+)
+
+
+def check_thread_counts(old: KafkaConfig, new: KafkaConfig) -> None:
+    """Kafka's validation of a dynamic thread count change (DynamicThreadPool, LogCleaner)."""
+    for name in THREAD_POOL_KEYS:
+        before, after = int(old.get(name) or 0), int(new.get(name) or 0)
+        if after == before:
+            continue
+        failed = f"Dynamic thread count update validation failed for {name}={after}"
+        if after <= 0:
+            raise DynamicConfigRefused(f"{failed}, value should be at least 1")
+        if after < before // 2:
+            raise DynamicConfigRefused(f"{failed}, value should be at least half the current value {before}")
+        if after > before * 2:
+            raise DynamicConfigRefused(
+                f"{failed}, value should not be greater than double the current value {before}"
+            )
+    before, after = int(old.get("log.cleaner.threads") or 0), int(new.get("log.cleaner.threads") or 0)
+    if after < 1:
+        raise DynamicConfigRefused("Log cleaner threads should be at least 1")
+    if after < before // 2:
+        raise DynamicConfigRefused(
+            f"Log cleaner threads cannot be reduced to less than half the current value {before}"
+        )
+    if after > before * 2:
+        raise DynamicConfigRefused(
+            f"Log cleaner threads cannot be increased to more than double the current value {before}"
+        )
+
+
 class DynamicBrokerConfig:
     """The broker's dynamic configs: loads them at startup, alters and applies them."""
 
@@ -194,6 +233,7 @@ class DynamicBrokerConfig:
         async with self._lock:
             check_dynamic_keys(configs)
             candidate = self._candidate(entity, dict(configs))
+            check_thread_counts(self._broker.config, candidate)
             if validate_only:
                 return
             await self.store.store(entity, configs)

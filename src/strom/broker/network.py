@@ -109,12 +109,16 @@ class ConnectionQuotas:
     _per_ip: Counter[str] = field(default_factory=Counter)
     _total: int = 0
 
-    def admit(self, ip: str) -> str | None:
-        """Count a new connection from ``ip``; the reason it must be closed if over a limit."""
+    def admit(self, ip: str, protected: bool = False) -> str | None:
+        """Count a new connection from ``ip``; the reason it must be closed if over a limit.
+
+        ``protected``: it arrived on the inter-broker listener of a broker with more than one
+        listener, which KIP-402 exempts from max.connections (not from the per-address limits),
+        so no client connections (nor a max.connections of 0) keep replicas from fetching."""
         limit = self.per_ip_overrides.get(ip, self.max_per_ip)
         if self._per_ip[ip] >= limit:
             return f"too many connections from {ip} (max.connections.per.ip={limit})"
-        if self._total >= self.max_connections:
+        if self._total >= self.max_connections and not protected:
             return f"too many connections (max.connections={self.max_connections})"
         self._per_ip[ip] += 1
         self._total += 1
@@ -139,8 +143,9 @@ class NetworkLimits:
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, handle: RequestHandler, limits: NetworkLimits) -> None:
+    def __init__(self, handle: RequestHandler, limits: NetworkLimits, *, protected: bool = False) -> None:
         self._handle = handle
+        self._protected = protected  # on the inter-broker listener (ConnectionQuotas.admit)
         self._limits = limits
         self._memory = limits.memory
         self._decoder = FrameDecoder(limits.max_request_size)
@@ -171,7 +176,7 @@ class KafkaConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         ip = str(peer[0]) if peer else "?"
-        refused = self._limits.quotas.admit(ip)
+        refused = self._limits.quotas.admit(ip, self._protected)
         if refused is not None:
             log.warning("closing new connection: %s", refused, extra={"peer": self.peer})
             self._transport.abort()

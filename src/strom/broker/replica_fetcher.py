@@ -278,7 +278,7 @@ class ReplicaFetcher:
             await self._fetch(connection, ready)
 
     async def _connect(self) -> BrokerConnection:
-        endpoint = self._replica_manager.broker_endpoint(self.leader_id)
+        endpoint = self._replica_manager.peer_endpoint(self.leader_id)
         if endpoint is None:
             raise ConnectionError(f"broker {self.leader_id} is not registered")
         config = self._manager.config

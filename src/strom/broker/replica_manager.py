@@ -322,6 +322,10 @@ class ReplicaManager:
         self._resolved_hosts[host] = (addresses, now)
         return addresses
 
+    def peer_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        """The inter-broker listener of ``broker_id`` (where a replica fetcher connects)."""
+        return self.cluster.peer_endpoint(broker_id) if self.cluster is not None else None
+
     async def apply_partition_state(self, topic: TopicState, state: PartitionState) -> None:
         """Become leader or follower of ``state``'s partition (Kafka's makeLeaders/makeFollowers);
         a state not newer than the one applied, by (leader epoch, partition epoch), is ignored."""

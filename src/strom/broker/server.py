@@ -32,7 +32,6 @@ from strom.broker.cluster.zookeeper import (
     MetadataWaitTimeout,
     ZkControlPlane,
     ZooKeeperUnavailableError,
-    with_retries,
 )
 from strom.broker.config import KafkaConfig
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
@@ -50,6 +49,7 @@ from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimit
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager, ReplicationConfig
 from strom.storage import KafkaStorageError, Log, LogConfig, LogManager, StorageError
+from strom.storage.checkpoint import TOPIC_CONFIGS, TopicConfigsFile
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,7 @@ class BrokerServer:
         self._connections = self.network.connections
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_ports: list[int] = []
+        self._bound_port_of: dict[str, int] = {}  # listener name -> its bound port
         # Serialises topic creation, deletion and changes (see "topic management").
         self._admin_lock = asyncio.Lock()
         self._offsets_topic_task: asyncio.Task[None] | None = None
@@ -227,15 +228,20 @@ class BrokerServer:
         self._storage_loaded = True
         loop = asyncio.get_running_loop()
         self.group_coordinator.startup()
-        for listener in self.config.client_listeners():
+        listeners = self.config.client_listeners()
+        for listener in listeners:
+            protected = len(listeners) > 1 and listener.name == self.config.inter_broker_listener_name
             server = await loop.create_server(
-                lambda: KafkaConnection(self._dispatcher.handle, self.network),
+                lambda protected=protected: KafkaConnection(
+                    self._dispatcher.handle, self.network, protected=protected
+                ),
                 host=listener.host or None,
                 port=listener.port,
                 reuse_address=True,
                 backlog=1024,
             )
             self._servers.append(server)
+            self._bound_port_of[listener.name] = server.sockets[0].getsockname()[1]
             for sock in server.sockets:
                 set_socket_buffer_sizes(
                     sock, self.config.socket_send_buffer_bytes, self.config.socket_receive_buffer_bytes
@@ -299,6 +305,7 @@ class BrokerServer:
                         "keeping a log beyond its topic's partition count, unserved",
                         extra={"log": log_.dir.name, "partitions": len(known.partitions)},
                     )
+                self._copy_topic_configs(log_, known, only_if_stale=True)
                 continue
             if log_.topic_id is not None and log_.topic_id in deleting:
                 # Deleted just before a crash: finish the deletion.
@@ -346,7 +353,13 @@ class BrokerServer:
                 kept.append(log_)
         if not kept:
             return
-        configs = self._offsets_topic_configs() if name == OFFSETS_TOPIC else {}
+        copied, problem = self._read_topic_configs(kept, topic_id)
+        if copied is not None:
+            configs = copied
+        elif name == OFFSETS_TOPIC:
+            configs = self._offsets_topic_configs()
+        else:
+            configs = {}
         num_partitions = max(log_.partition for log_ in kept) + 1
         topic = TopicState(
             name=name,
@@ -358,17 +371,75 @@ class BrokerServer:
         config = self.log_config(topic)
         for log_ in kept:
             log_.update_config(config)
-        log.warning(
-            "rebuilt a topic missing from the control plane's metadata from its logs; its configs are "
-            "the defaults (configs set on it were only in the lost metadata file)"
-            + (" except the internal topic's own" if configs else ""),
-            extra={
-                "topic": name,
-                "topic_id": str(topic_id),
-                "partitions": num_partitions,
-                "logs_found": sorted(log_.partition for log_ in kept),
-            },
+        extra = {
+            "topic": name,
+            "topic_id": str(topic_id),
+            "partitions": num_partitions,
+            "logs_found": sorted(log_.partition for log_ in kept),
+        }
+        if copied is not None:
+            log.warning(
+                "rebuilt a topic missing from the control plane's metadata from its logs, with the "
+                "configs copied in its partition directories",
+                extra={**extra, "configs": configs},
+            )
+            return
+        if name != OFFSETS_TOPIC:
+            # The defaults could delete what the lost configs kept (a compacted topic would get
+            # 7 days' retention): nothing is deleted until an operator says which configs hold.
+            self.log_manager.held_topics.add(name)
+        log.error(
+            f"rebuilt topic {name} from its logs without its configs ({problem}); "
+            + (
+                "it has the internal topic's own configs"
+                if name == OFFSETS_TOPIC
+                else "retention and compaction of the topic are held until an operator sets its "
+                "configs: kafka-configs.sh --alter --entity-type topics --entity-name "
+                f"{name} with --add-config (its real configs) or --delete-config cleanup.policy "
+                "(to confirm the defaults)"
+            ),
+            extra=extra,
         )
+
+    @staticmethod
+    def _read_topic_configs(logs: list[Log], topic_id: uuid.UUID) -> tuple[dict[str, str] | None, str]:
+        """The configs every partition directory's copy agrees on, else None and why not."""
+        found: list[dict[str, str]] = []
+        for log_ in logs:
+            try:
+                copy = TopicConfigsFile(log_.dir / TOPIC_CONFIGS).read()
+            except KafkaStorageError as e:
+                return None, str(e)
+            if copy is None:
+                return None, f"{log_.dir.name} has no {TOPIC_CONFIGS}"
+            if copy[0] != topic_id:
+                return None, f"the {TOPIC_CONFIGS} of {log_.dir.name} names topic id {copy[0]}"
+            found.append(copy[1])
+        if any(configs != found[0] for configs in found):
+            return None, f"the {TOPIC_CONFIGS} copies of its partitions differ"
+        return found[0], ""
+
+    def _copy_topic_configs(self, log_: Log, topic: TopicState, *, only_if_stale: bool = False) -> None:
+        """Keep the copy of the topic's configs in the log's directory current (blocking). A failed
+        write costs only the copy: it is logged, and written again at the next change or start."""
+        copy = TopicConfigsFile(log_.dir / TOPIC_CONFIGS)
+        try:
+            if only_if_stale and copy.read() == (topic.topic_id, dict(topic.configs)):
+                return
+            copy.write(topic.topic_id, dict(topic.configs))
+        except (OSError, KafkaStorageError) as e:
+            log.error(
+                "cannot write the copy of a topic's configs", extra={"log": log_.dir.name, "error": str(e)}
+            )
+
+    async def _copy_topic_configs_of(self, topic: TopicState) -> None:
+        logs = [log_ for log_ in self.log_manager.all_logs() if log_.topic == topic.name]
+
+        def copy_all() -> None:
+            for log_ in logs:
+                self._copy_topic_configs(log_, topic)
+
+        await asyncio.get_running_loop().run_in_executor(None, copy_all)
 
     def _load_cluster_storage_blocking(self, cluster: ZkControlPlane) -> None:
         """Load the logs; those ZooKeeper does not know for this broker are moved aside. The
@@ -449,7 +520,12 @@ class BrokerServer:
                 await task
         self.group_coordinator.shutdown()
         if self.cluster is not None:
-            await self.cluster.close()  # deregisters: the controller moves on without this broker
+            # Deregisters: the controller moves on without this broker.
+            await self._bounded(
+                self.cluster.close(),
+                max(self.config.controller_socket_timeout_ms, 0) / 1000,
+                "leaving ZooKeeper",
+            )
         await self.replica_manager.shutdown()
         self.replica_manager.wake_all_fetchers()
         # Admin operations in flight finish (or fail) before the logs close.
@@ -474,8 +550,11 @@ class BrokerServer:
         return max(50, min(self.config.connections_max_idle_ms // 4, 30_000))
 
     async def _close_idle_connections(self) -> None:
-        """Kafka's connections.max.idle.ms: a connection without traffic for that long is closed."""
+        """Kafka's connections.max.idle.ms: a connection without traffic for that long is closed
+        (a negative value, as in Kafka's selector, closes none)."""
         limit = self.config.connections_max_idle_ms / 1000
+        if limit < 0:
+            return
         now = time.monotonic()
         for connection in list(self._connections):
             if connection.idle_since(now) > limit:
@@ -501,6 +580,18 @@ class BrokerServer:
     async def _clean_logs(self) -> None:
         """Compaction: the cleaner reads and writes segments in worker threads, swaps them in here."""
         await self.log_manager.clean_logs()
+
+    def _advertised_endpoints(self) -> list[tuple[str, str, int]]:
+        """(listener name, host, port) of every advertised listener, clients' first: what the
+        broker registers (peers connect to the inter-broker listener's)."""
+        return [
+            (
+                listener.name,
+                listener.host or socket.getfqdn(),
+                listener.port or self._bound_port_of.get(listener.name, 0),
+            )
+            for listener in self.config.advertised_listeners
+        ]
 
     def advertised_endpoint(self) -> tuple[str, int]:
         """The host and port clients are told to connect to (advertised.listeners, else listeners)."""
@@ -532,9 +623,7 @@ class BrokerServer:
     async def _join_cluster(self, cluster: ZkControlPlane) -> None:
         """Once the broker listens: register, contend for the controller, host the partitions
         ZooKeeper assigns to this broker (and follow every later change of their states)."""
-        host, port = self.advertised_endpoint()
-        listener = self.config.advertised_client_listener()
-        await cluster.register(cluster.registration([(listener.name, host, port)]))
+        await cluster.register(cluster.registration(self._advertised_endpoints()))
         self._tasks.append(asyncio.get_running_loop().create_task(self._apply_cluster_changes(cluster)))
         for topic in cluster.image.topics():
             self._topic_changed(topic.name)
@@ -543,30 +632,44 @@ class BrokerServer:
         self._cluster_ready = True
 
     async def _leave_cluster(self) -> None:
-        """Kafka's controlled shutdown: ask the controller to move leadership off this broker
-        (retried, with backoff), then stop contending for the controller."""
+        """Kafka's controlled shutdown: ask the controller to move leadership off this broker,
+        then stop contending for the controller. As Kafka: at most controlled.shutdown.max.retries
+        attempts, each bounded by controller.socket.timeout.ms (ZooKeeper calls included: an
+        unreachable ZooKeeper or controller costs one timeout), controlled.shutdown.retry.backoff.ms
+        apart; then the broker stops anyway."""
         assert self.cluster is not None
         self._cluster_ready = False
+        timeout_s = max(self.config.controller_socket_timeout_ms, 0) / 1000
         if self.config.controlled_shutdown_enable and self.controller is not None:
             cluster = self.cluster
-            timeout_s = self.config.zookeeper_session_timeout_ms / 1000 + 10
             # Stop following first (Kafka's controller sends the leaving broker StopReplica): a
             # follower that fetched on would be taken back into an ISR the controller just left.
             if self.replica_manager.fetchers is not None:
-                await self.replica_manager.fetchers.shutdown()
-
-            async def attempt() -> bool:
-                return await request_controlled_shutdown(cluster.zk, self.node_id, timeout_s)
-
-            if not await with_retries(
-                attempt,
-                self.config.controlled_shutdown_max_retries,
-                self.config.controlled_shutdown_retry_backoff_ms / 1000,
-                "controlled shutdown",
-            ):
+                await self._bounded(self.replica_manager.fetchers.shutdown(), timeout_s, "stopping fetchers")
+            done = False
+            for attempt in range(1, self.config.controlled_shutdown_max_retries + 1):
+                if attempt > 1:
+                    await asyncio.sleep(max(self.config.controlled_shutdown_retry_backoff_ms, 0) / 1000)
+                try:
+                    done = await asyncio.wait_for(
+                        request_controlled_shutdown(cluster.zk, self.node_id, timeout_s), timeout_s
+                    )
+                except Exception as e:  # a timeout, ZooKeeper unreachable, ...
+                    log.warning("controlled shutdown failed", extra={"attempt": attempt, "error": repr(e)})
+                if done:
+                    break
+            if not done:
                 log.warning("controlled shutdown did not complete; shutting down anyway")
         if self.controller is not None:
-            await self.controller.stop()
+            await self._bounded(self.controller.stop(), timeout_s, "stopping the controller")
+
+    @staticmethod
+    async def _bounded(step: Awaitable[object], timeout_s: float, what: str) -> None:
+        """A shutdown step that may wait on ZooKeeper or a peer: given up after ``timeout_s``."""
+        try:
+            await asyncio.wait_for(step, timeout_s)
+        except Exception as e:
+            log.warning(f"{what} did not finish; shutting down anyway", extra={"error": repr(e)})
 
     def _topic_changed(self, name: str) -> None:
         """ZkControlPlane's notice: the topic's assignment, a partition state or its config
@@ -844,6 +947,7 @@ class BrokerServer:
             await self.group_coordinator.on_topic_deleted(name)
             await self.replica_manager.stop_replicas(topic)
             await self.local_plane.finish_deletion([topic.topic_id])
+            self.log_manager.held_topics.discard(name)  # a new topic of that name has its own configs
         log.info("deleted topic", extra={"topic": name})
         return topic
 
@@ -860,6 +964,7 @@ class BrokerServer:
             await self.local_plane.abort(topic.name)
             raise
         self.local_plane.apply(topic.name)
+        await self._copy_topic_configs_of(topic)
         return topic
 
     async def _set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
@@ -868,4 +973,11 @@ class BrokerServer:
             await self.local_plane.stage(topic)
             self.local_plane.apply(name)
             self.replica_manager.update_config(topic)
+            await self._copy_topic_configs_of(topic)
+            if name in self.log_manager.held_topics:
+                self.log_manager.held_topics.discard(name)
+                log.warning(
+                    "an operator set the configs of a rebuilt topic: its retention and compaction resume",
+                    extra={"topic": name, "configs": dict(configs)},
+                )
         return topic

@@ -8,6 +8,7 @@ fsync the directory), so a crash leaves either the old or the new content.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import uuid
 from pathlib import Path
@@ -21,6 +22,8 @@ LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PARTITION_METADATA = "partition.metadata"
+# Strom's own: a copy of the topic's config overrides, next to partition.metadata.
+TOPIC_CONFIGS = "topic-configs.json"
 
 
 def fsync_dir(path: Path) -> None:
@@ -146,4 +149,33 @@ class PartitionMetadataFile:
                 raise ValueError(f"unsupported version {fields.get('version')}")
             return topic_id_from_string(fields["topic_id"].strip())
         except (KeyError, ValueError) as e:
+            raise KafkaStorageError(f"malformed {self.path}: {e}") from e
+
+
+class TopicConfigsFile:
+    """``topic-configs.json``: a copy of the topic's config overrides (what the control plane
+    holds), so that a topic rebuilt from its logs keeps them (a compacted topic stays compacted)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, topic_id: uuid.UUID, configs: dict[str, str]) -> None:
+        text = json.dumps({"version": 1, "topic_id": str(topic_id), "configs": configs}, sort_keys=True)
+        write_atomically(self.path, text.encode())
+
+    def read(self) -> tuple[uuid.UUID, dict[str, str]] | None:
+        """The topic id and configs; None if there is no copy; KafkaStorageError if unreadable."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            parsed = json.loads(data.decode("utf-8"))
+            if parsed.get("version") != 1:
+                raise ValueError(f"unsupported version {parsed.get('version')}")
+            configs = parsed["configs"]
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items()):
+                raise ValueError("configs must map names to strings")
+            return uuid.UUID(parsed["topic_id"]), dict(configs)
+        except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
             raise KafkaStorageError(f"malformed {self.path}: {e}") from e

@@ -89,6 +89,7 @@ _EMPTY_BATCH_ATTRIBUTES = rb.TIMESTAMP_TYPE_MASK | rb.TRANSACTIONAL_FLAG | rb.CO
 # The worker thread pauses GIL_PAUSE_S after each GIL_SLICE_S of work (see _yield_gil).
 GIL_SLICE_S = 0.002
 GIL_PAUSE_S = 0.0002
+THROTTLE_SLICE_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -640,9 +641,15 @@ class LogCleaner:
         rate = self.config.io_max_bytes_per_second
         if rate >= sys.float_info.max:
             return
-        ahead = rnd.bytes_done / rate - (time.monotonic() - rnd.started)
-        if ahead > 0.01:
-            time.sleep(ahead)
+        # Waits in slices on the stopping event, re-reading the rate (a dynamic change applies at
+        # once): whatever the rate, shutdown interrupts the wait within one slice.
+        while True:
+            self._check_running(rnd)
+            rate = self.config.io_max_bytes_per_second
+            ahead = rnd.bytes_done / rate - (time.monotonic() - rnd.started)
+            if ahead <= 0.01 or rate >= sys.float_info.max:
+                return
+            self._stopping.wait(min(ahead, THROTTLE_SLICE_S))
 
     def _batches(
         self, rnd: _Round, ref: _SegmentRef, start: int

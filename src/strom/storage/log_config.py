@@ -9,6 +9,7 @@ validated the way Kafka's ``ConfigDef`` does, and errors read like Kafka's.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -89,22 +90,26 @@ def _number_text(n: int | float) -> str:
 
 @dataclass(frozen=True)
 class Range:
-    """Kafka's Range.atLeast / Range.between."""
+    """Kafka's Range.atLeast / Range.between; ``above_min``: the minimum itself is excluded (a
+    fraction that must not be 0, where Kafka has no validator)."""
 
     min: int | float | None = None
     max: int | float | None = None
+    above_min: bool = False
 
     def check(self, name: str, value: Value) -> None:
         assert isinstance(value, int | float)
-        if self.min is not None and value < self.min:
-            raise _invalid(name, value, f"Value must be at least {_number_text(self.min)}")
+        if self.min is not None and (value <= self.min if self.above_min else value < self.min):
+            word = "greater than" if self.above_min else "at least"
+            raise _invalid(name, value, f"Value must be {word} {_number_text(self.min)}")
         if self.max is not None and value > self.max:
             raise _invalid(name, value, f"Value must be no more than {_number_text(self.max)}")
 
     def describe(self) -> str:
+        low = f"({_number_text(self.min or 0)}" if self.above_min else f"[{_number_text(self.min or 0)}"
         if self.max is None:
-            return f"[{_number_text(self.min or 0)},...]"
-        return f"[{_number_text(self.min or 0)},...,{_number_text(self.max)}]"
+            return f"{low},...]"
+        return f"{low},...,{_number_text(self.max)}]"
 
 
 @dataclass(frozen=True)
@@ -183,9 +188,14 @@ def parse_value(name: str, raw: str, type_: ConfigType) -> Value:
         try:
             if "_" in text:  # Python accepts digit separators, Java does not
                 raise ValueError(text)
-            return float(text)
+            value = float(text)
         except ValueError:
             raise _invalid(name, raw, "Not a number of type DOUBLE") from None
+        # Java parses NaN and Infinity, and no range check refuses NaN (every comparison is false):
+        # Strom refuses both, so no ratio, rate or load factor is ever NaN or infinite.
+        if not math.isfinite(value):
+            raise _invalid(name, raw, "Value must be a finite number")
+        return value
     if type_ is ConfigType.LIST:
         return tuple(re.split(r"\s*,\s*", text)) if text else ()
     if type_ is ConfigType.PASSWORD:

@@ -104,6 +104,9 @@ class LogManager:
         self._checkpoint_lock = threading.Lock()
         # Compaction of logs with cleanup.policy=compact; None until start_cleaner.
         self.cleaner: LogCleaner | None = None
+        # Topics whose retention and compaction wait for an operator: their configs were lost,
+        # and the defaults might delete what the real configs keep.
+        self.held_topics: set[str] = set()
         # Descriptors of the locked ``.lock`` files, one per log dir (lock_log_dirs).
         self._lock_fds: list[int] = []
         # Log dirs whose log-start-offset checkpoint is behind a DeleteRecords.
@@ -403,6 +406,8 @@ class LogManager:
         now = self._time_ms()
         deleted = 0
         for log_ in self.online_logs():
+            if log_.topic in self.held_topics:
+                continue
             deleted += log_.delete_retention_segments(now)
             log_.producer_state.remove_expired_producers(now, self.producer_id_expiration_ms)
         return deleted
@@ -420,7 +425,9 @@ class LogManager:
         """One cleaning pass over every compacted log (on the event loop; the work runs in threads)."""
         if self.cleaner is None:
             return []
-        return await self.cleaner.clean_logs(self.online_logs())
+        return await self.cleaner.clean_logs(
+            log_ for log_ in self.online_logs() if log_.topic not in self.held_topics
+        )
 
     def flush_dirty_logs(self) -> None:
         """Flush logs with a rolled segment to sync or whose flush.ms passed (call from a worker thread)."""

@@ -69,6 +69,15 @@ def validate_topic_name(name: str) -> None:
         )
 
 
+def legal_topic_name(name: str) -> bool:
+    """Kafka's legal topic name rules: only such a name may become a path (znode or directory)."""
+    try:
+        validate_topic_name(name)
+    except InvalidTopicError:
+        return False
+    return True
+
+
 def _write_atomically(path: Path, text: str) -> None:
     write_atomically(path, text.encode("utf-8"))
 

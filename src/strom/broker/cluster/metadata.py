@@ -122,6 +122,10 @@ class ClusterLink(Protocol):
         registration); None if it is not registered."""
         ...
 
+    def peer_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        """The host and port of a live broker's inter-broker listener; None if it is not registered."""
+        ...
+
     async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:
         """Write ``state`` (new ISR, same leader and leader epoch) if the partition's state is still
         at version ``state.partition_epoch``; returns the written state, whose ``partition_epoch`` is

@@ -476,6 +476,14 @@ class ZkControlPlane:
     def broker_epoch(self, broker_id: int) -> int | None:
         return self.broker_epochs.get(broker_id)
 
+    def peer_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        """Where this broker reaches ``broker_id``: its inter-broker listener (a peer that registered
+        no such listener is reached on its first)."""
+        registration = self.live_brokers.get(broker_id)
+        if registration is None:
+            return None
+        return registration.endpoint(self.config.inter_broker_listener_name) or registration.endpoint()
+
     def broker_racks(self) -> dict[int, str | None]:
         return {b: r.rack for b, r in self.live_brokers.items()}
 
@@ -844,18 +852,3 @@ class ZkControlPlane:
             except BadVersionError:
                 continue
             return range(block.block_start, block.block_end + 1)
-
-
-async def with_retries(
-    attempt: Callable[[], Awaitable[bool]], retries: int, backoff_s: float, what: str
-) -> bool:
-    """``attempt()`` until it returns True, at most ``retries`` + 1 times, ``backoff_s`` apart."""
-    for n in range(retries + 1):
-        try:
-            if await attempt():
-                return True
-        except Exception as e:
-            log.warning(f"{what} failed", extra={"attempt": n + 1, "error": repr(e)})
-        if n < retries:
-            await asyncio.sleep(backoff_s)
-    return False

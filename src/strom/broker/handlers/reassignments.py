@@ -17,6 +17,7 @@ from typing import Any
 
 from kazoo.exceptions import KazooException, NodeExistsError
 
+from strom.broker.cluster.local import legal_topic_name
 from strom.broker.dispatcher import RequestContext
 from strom.broker.zk import znodes
 from strom.protocol.errors import ErrorCode
@@ -194,6 +195,8 @@ async def handle_list_partition_reassignments(ctx: RequestContext, request: Any)
             else:
                 wanted = {t.name: {int(p) for p in t.partition_indexes} for t in request.topics}
             for name, partitions in wanted.items():
+                if not legal_topic_name(name):
+                    continue  # never joined into a znode path: ".." would read /brokers
                 znode = await _topic_znode(ctx, name)
                 if znode is None:
                     continue  # as Kafka: an unknown topic is simply not being reassigned

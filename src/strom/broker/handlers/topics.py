@@ -45,22 +45,51 @@ def _registered_brokers(ctx: RequestContext) -> set[int]:
 def _check_assignments(
     ctx: RequestContext, assignments: list[tuple[int, ...]], replication_factor: int
 ) -> None:
+    """Kafka's checks of a manual assignment: every replica list non-empty, without repeats, of
+    registered brokers, all of one length (``replication_factor``, or the first list's)."""
     registered = _registered_brokers(ctx)
     for broker_ids in assignments:
-        if (
-            not broker_ids
-            or any(b not in registered for b in broker_ids)
-            or len(set(broker_ids)) != len(broker_ids)
-        ):
+        if not broker_ids:
             raise TopicRequestError(
                 ErrorCode.invalid_replica_assignment,
-                f"Replica assignment {list(broker_ids)} names brokers that are not registered "
-                f"(the registered brokers are {sorted(registered)}) or repeats one.",
+                "The manual partition assignment includes an empty replica list.",
             )
-        if replication_factor > 0 and len(broker_ids) != replication_factor:
+        for broker_id in broker_ids:
+            if broker_ids.count(broker_id) > 1:
+                raise TopicRequestError(
+                    ErrorCode.invalid_replica_assignment,
+                    f"The manual partition assignment includes the broker {broker_id} more than once.",
+                )
+            if broker_id not in registered:
+                raise TopicRequestError(
+                    ErrorCode.invalid_replica_assignment,
+                    f"The manual partition assignment includes broker {broker_id}, but no such broker "
+                    f"is registered (the registered brokers are {sorted(registered)}).",
+                )
+        expected = replication_factor if replication_factor > 0 else len(assignments[0])
+        if len(broker_ids) != expected:
             raise TopicRequestError(
-                ErrorCode.invalid_replica_assignment, "All partitions must have the same number of replicas."
+                ErrorCode.invalid_replica_assignment,
+                f"The manual partition assignment includes a partition with {len(broker_ids)} replica(s), "
+                f"but this is not consistent with previous partitions, which have {expected} replica(s).",
             )
+
+
+def _check_partition_indexes(indexes: list[int]) -> None:
+    """A CreateTopics assignment names partitions 0..n-1, each once (Kafka's controller)."""
+    seen: set[int] = set()
+    for index in indexes:
+        if index in seen:
+            raise TopicRequestError(
+                ErrorCode.invalid_replica_assignment,
+                f"Found multiple manual partition assignments for partition {index}",
+            )
+        seen.add(index)
+    if seen != set(range(len(indexes))):
+        raise TopicRequestError(
+            ErrorCode.invalid_replica_assignment,
+            "partitions should be a consecutive 0-based integer sequence",
+        )
 
 
 def _check_replication_factor(ctx: RequestContext, replication_factor: int) -> None:
@@ -134,6 +163,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                         "Both numPartitions or replicationFactor and replicasAssignments were set. "
                         "Both cannot be used at the same time.",
                     )
+                _check_partition_indexes([a.partition_index for a in topic.assignments])
                 _check_assignments(ctx, assignments, -1)
                 num_partitions, replication_factor = len(assignments), len(assignments[0])
             if num_partitions == -1:
@@ -231,6 +261,12 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
             )
         elif not broker.config.delete_topic_enable:
             error, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
+        elif topic.internal:
+            # Deleting __consumer_offsets would drop every group's committed offsets.
+            error, message = (
+                ErrorCode.invalid_request,
+                f"Topic {topic.name} is an internal topic and cannot be deleted.",
+            )
         else:
             try:
                 if await broker.delete_topic(topic.name, _timeout_ms(request)) is None:  # deleted meanwhile
