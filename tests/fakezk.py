@@ -212,7 +212,9 @@ class FakeZooKeeperServer:
         """The session ends: its ephemeral znodes go (watchers see it)."""
         self.sessions.pop(session_id, None)
         changed: set[str] = set()
-        for path in sorted((p for p, n in self.nodes.items() if n.ephemeral_owner == session_id), reverse=True):
+        for path in sorted(
+            (p for p, n in self.nodes.items() if n.ephemeral_owner == session_id), reverse=True
+        ):
             self._apply(self.nodes, Delete(path), session_id, changed)
         self._changed(changed)
 

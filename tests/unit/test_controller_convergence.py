@@ -64,7 +64,9 @@ class Harness:
             await self.controller.stop()
 
     def create_topic(self, topic: str, assignment: dict[int, list[int]], topic_id: bool = True) -> None:
-        znode = znodes.TopicZNode(znodes.decode_uuid("AAAAAAAAAAAAAAAAAAAAAQ") if topic_id else None, assignment)
+        znode = znodes.TopicZNode(
+            znodes.decode_uuid("AAAAAAAAAAAAAAAAAAAAAQ") if topic_id else None, assignment
+        )
         self.server.put(znodes.topic_path(topic), znode.encode())
 
     def state(self, topic: str, partition: int) -> znodes.LeaderAndIsr | None:
@@ -155,7 +157,8 @@ async def _three_brokers_and_a_topic(h: Harness) -> None:
 def _without(broker: int) -> Callable[[Harness], bool]:
     def converged(h: Harness) -> bool:
         return all(
-            s is not None and s.leader not in (broker, -1) and broker not in s.isr for s in h.states("t").values()
+            s is not None and s.leader not in (broker, -1) and broker not in s.isr
+            for s in h.states("t").values()
         )
 
     return converged
@@ -190,7 +193,9 @@ def test_broker_startup_brings_offline_partitions_back_after_a_failed_write() ->
 
     run(
         lambda: _at_every_write(
-            Scenario(setup, up, lambda h: all(s is not None and s.leader == 1 for s in h.states("t").values()))
+            Scenario(
+                setup, up, lambda h: all(s is not None and s.leader == 1 for s in h.states("t").values())
+            )
         )
     )
 
@@ -299,10 +304,16 @@ def _leader_adds_new_replicas(h: Harness) -> None:
         for partition, adding in znode.adding_replicas.items():
             state = h.state(topic, partition)
             if state is not None and not set(adding) <= set(state.isr):
-                h.set_state(topic, partition, znodes.LeaderAndIsr(
-                    state.leader, state.leader_epoch, state.isr + [b for b in adding if b not in state.isr],
-                    state.controller_epoch,
-                ))
+                h.set_state(
+                    topic,
+                    partition,
+                    znodes.LeaderAndIsr(
+                        state.leader,
+                        state.leader_epoch,
+                        state.isr + [b for b in adding if b not in state.isr],
+                        state.controller_epoch,
+                    ),
+                )
 
 
 def test_reassignment_converges_after_a_failed_write() -> None:
@@ -332,7 +343,8 @@ def test_reassignment_converges_after_a_failed_write() -> None:
             and not znode.adding_replicas
             and not znode.removing_replicas
             and all(
-                (s := states[p]) is not None and s.leader in r and set(s.isr) <= set(r) for p, r in targets.items()
+                (s := states[p]) is not None and s.leader in r and set(s.isr) <= set(r)
+                for p, r in targets.items()
             )
         )
 
@@ -381,4 +393,3 @@ def test_reassignment_request_survives_a_concurrent_topic_change() -> None:
             await h.stop()
 
     run(body)
-

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -67,6 +68,10 @@ UNCLEAN_KEY = "unclean.leader.election.enable"
 _SHUTDOWN_RETRY_S = 2.0
 _RETRY_BACKOFF_MIN_S = 0.2
 _RETRY_BACKOFF_MAX_S = 5.0
+# Kafka's ZkNodeChangeNotificationListener: change notifications older than this are purged.
+CONFIG_CHANGE_EXPIRATION_MS = 15 * 60 * 1000
+# What a znode's JSON that is not what its reader expects raises while it is decoded.
+_PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
 
 
 class ControllerMovedError(Exception):
@@ -313,8 +318,9 @@ async def request_preferred_leader_election(
         partitions = []
         for topic in sorted(await zk.get_children(znodes.TOPICS)):
             got = await zk.get_or_none(znodes.topic_path(topic))
-            if got is not None:
-                partitions += [(topic, p) for p in sorted(znodes.TopicZNode.decode(got[0]).partitions)]
+            with contextlib.suppress(*_PARSE_ERRORS):  # the controller skips it too
+                if got is not None:
+                    partitions += [(topic, p) for p in sorted(znodes.TopicZNode.decode(got[0]).partitions)]
     data = znodes.encode_partition_list(partitions)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -360,10 +366,17 @@ class Controller:
         self._shutting_down: set[int] = set()
         # Reassigning partitions: a watch on each one's state, to finish when the targets are in sync.
         self._reassignment_watches: dict[tuple[str, int], Watch] = {}
+        # Znodes that could not be parsed (each logged once): skipped, everything else goes on.
+        self._unparseable_paths: set[str] = set()
 
     @property
     def active(self) -> bool:
         return self._active
+
+    @property
+    def unparseable_znodes(self) -> int:
+        """How many znodes the controller skips because it cannot parse them."""
+        return len(self._unparseable_paths)
 
     @property
     def epoch(self) -> int:
@@ -589,6 +602,44 @@ class Controller:
             with contextlib.suppress(NoNodeError, BadVersionError):
                 await self._zk.delete(znodes.CONTROLLER, got[1].version)
 
+    # -- znodes it cannot parse ----------------------------------------------------------------
+
+    def _unparseable(self, path: str, error: Exception | None = None) -> None:
+        """Count and log (once while it stays so) a znode the controller skips: one garbage znode
+        must not stop it from doing everything else."""
+        if path not in self._unparseable_paths:
+            self._unparseable_paths.add(path)
+            log.error(
+                "skipping a znode that cannot be parsed",
+                extra={
+                    "path": path,
+                    "error": repr(error),
+                    "unparseable_znodes": len(self._unparseable_paths),
+                },
+            )
+
+    def _parsed(self, path: str) -> None:
+        self._unparseable_paths.discard(path)
+
+    def _decode_topic(self, topic: str, data: bytes) -> znodes.TopicZNode | None:
+        path = znodes.topic_path(topic)
+        try:
+            znode = znodes.TopicZNode.decode(data)
+        except _PARSE_ERRORS as e:
+            self._unparseable(path, e)
+            return None
+        self._parsed(path)
+        return znode
+
+    def _decode_state(self, path: str, data: bytes) -> znodes.LeaderAndIsr | None:
+        try:
+            state = znodes.LeaderAndIsr.decode(data)
+        except _PARSE_ERRORS as e:
+            self._unparseable(path, e)
+            return None
+        self._parsed(path)
+        return state
+
     # -- fenced writes -------------------------------------------------------------------------
 
     async def _write(self, ops: Sequence[Create | SetData | Delete]) -> list[Any]:
@@ -612,13 +663,15 @@ class Controller:
     ) -> znodes.LeaderAndIsr | None:
         """Read the partition's state, ``decide`` the new one, write it at the version read; after a
         BadVersion (the leader changed its ISR meanwhile) read and decide again. Returns the state
-        now in ZooKeeper (None: no such partition)."""
+        now in ZooKeeper (None: no such partition, or a state that cannot be parsed)."""
         path = znodes.partition_state_path(topic, partition)
         while True:
             got = await self._zk.get_or_none(path)
             if got is None:
                 return None
-            current = znodes.LeaderAndIsr.decode(got[0])
+            current = self._decode_state(path, got[0])
+            if current is None:
+                return None  # skipped, as a partition without a state
             new = decide(current)
             if new is None:
                 return current
@@ -649,15 +702,21 @@ class Controller:
     # -- becoming controller -------------------------------------------------------------------
 
     async def _on_become_controller(self) -> None:
-        for path in (znodes.BROKER_IDS, znodes.TOPICS, znodes.DELETE_TOPICS, znodes.CONTROLLED_SHUTDOWN):
+        for path in (
+            znodes.BROKER_IDS,
+            znodes.TOPICS,
+            znodes.DELETE_TOPICS,
+            znodes.CONTROLLED_SHUTDOWN,
+            znodes.CONFIG_CHANGES,
+        ):
             await self._zk.ensure_path(path)
-        await self._read_live_brokers()
+        self._live = await self._read_live_brokers()
         for topic in await self._zk.get_children(znodes.TOPICS):
             await self._read_topic(topic)
         # Brokers may have come and gone while there was no controller: bring every partition in
         # line with today's membership, and create the states a previous controller left missing.
         await self._create_missing_states(list(self._topics))
-        await self._reconcile(self._all_partitions(), "controller failover")
+        await self._reconcile(self._all_partitions(), "controller failover", set(self._live))
         self._duty_watches += [
             await self._zk.watch_children(
                 znodes.BROKER_IDS, lambda _: self._enqueue("broker-change", self._on_brokers_changed)
@@ -674,6 +733,10 @@ class Controller:
             ),
             await self._zk.watch_data(znodes.PREFERRED_REPLICA_ELECTION, self._on_preferred_election_znode),
             await self._zk.watch_data(znodes.REASSIGN_PARTITIONS, self._on_reassignment_znode),
+            await self._zk.watch_children(
+                znodes.CONFIG_CHANGES,
+                lambda _: self._enqueue("config-change-purge", self._purge_config_changes),
+            ),
         ]
         await self._on_topics_changed()
         # Reassignments a previous controller left in progress (KIP-455: the topic znodes hold them).
@@ -693,13 +756,16 @@ class Controller:
             stat = await self._zk.exists(znodes.broker_path(int(child)))
             if stat is not None:
                 live[int(child)] = stat.czxid
-        self._live = live
         return live
 
     async def _on_brokers_changed(self) -> None:
+        """Bring the partitions of every broker that died, restarted or joined in line with the
+        registrations in ZooKeeper. ``_live`` is the membership the partitions were last brought in
+        line with, and it moves only once they are: an event that fails half-way (or a duplicate)
+        finds the same difference again and finishes the job."""
         if not self._active:
             return
-        before = dict(self._live)
+        before = self._live
         after = await self._read_live_brokers()
         dead = {b for b in before if b not in after}
         restarted = {b for b in before if b in after and after[b] != before[b]}
@@ -720,11 +786,12 @@ class Controller:
             # A restarted broker lost whatever it had not flushed: it fails first (it leaves every
             # ISR and gives up leadership), then joins as new.
             gone = dead | restarted
-            await self._reconcile(self._partitions_of(gone), "broker failure", live=set(after) - restarted)
+            await self._reconcile(self._partitions_of(gone), "broker failure", set(after) - restarted)
         if joined or restarted:
-            await self._reconcile(self._partitions_of(joined | restarted), "broker startup")
-        # Partitions created while no replica was live wait for one in their ISR: they are among the
-        # partitions of the brokers that joined.
+            # Partitions created while no replica was live wait for one in their ISR: they are among
+            # the partitions of the brokers that joined.
+            await self._reconcile(self._partitions_of(joined | restarted), "broker startup", set(after))
+        self._live = after
 
     def _partitions_of(self, brokers: set[int]) -> list[tuple[str, int]]:
         return [
@@ -737,10 +804,7 @@ class Controller:
     def _all_partitions(self) -> list[tuple[str, int]]:
         return [(topic, p) for topic, znode in self._topics.items() for p in znode.partitions]
 
-    async def _reconcile(
-        self, partitions: list[tuple[str, int]], why: str, live: set[int] | None = None
-    ) -> None:
-        live_now = set(self._live) if live is None else live
+    async def _reconcile(self, partitions: list[tuple[str, int]], why: str, live: set[int]) -> None:
         unclean_cache: dict[str, bool] = {}
         for topic, partition in sorted(partitions):
             replicas = self._topics[topic].partitions.get(partition, []) if topic in self._topics else []
@@ -751,7 +815,7 @@ class Controller:
             decide = partial(
                 decide_on_membership,
                 replicas,
-                live=live_now,
+                live=live,
                 shutting_down=self._shutting_down,
                 unclean=unclean_cache[topic],
                 controller_epoch=self._epoch,
@@ -760,23 +824,32 @@ class Controller:
 
     async def _unclean_allowed(self, topic: str) -> bool:
         """unclean.leader.election.enable of the topic (its /config/topics override), else the broker's."""
-        got = await self._zk.get_or_none(znodes.topic_config_path(topic))
-        override = znodes.EntityConfigZNode.decode(got[0] if got else None).config.get(UNCLEAN_KEY)
+        path = znodes.topic_config_path(topic)
+        got = await self._zk.get_or_none(path)
+        try:
+            override = znodes.EntityConfigZNode.decode(got[0] if got else None).config.get(UNCLEAN_KEY)
+        except _PARSE_ERRORS as e:
+            self._unparseable(path, e)
+            override = None
+        else:
+            self._parsed(path)
         if override is not None:
             return override.strip().lower() == "true"
         return bool(self._config.unclean_leader_election_enable)
 
     # -- topics ----------------------------------------------------------------------------------
 
-    async def _read_topic(self, topic: str) -> znodes.TopicZNode | None:
+    async def _read_topic(self, topic: str) -> tuple[znodes.TopicZNode, int] | None:
+        """The topic's znode and its version; None (and out of the controller's view) when it is gone
+        or cannot be parsed -- skipped, never taken for deleted: only a deletion request deletes."""
         got = await self._zk.get_or_none(znodes.topic_path(topic))
-        if got is None or not got[0]:
+        znode = self._decode_topic(topic, got[0]) if got is not None and got[0] else None
+        if got is None or znode is None:
             self._topics.pop(topic, None)
             self._with_state.pop(topic, None)
             return None
-        znode = znodes.TopicZNode.decode(got[0])
         self._topics[topic] = znode
-        return znode
+        return znode, got[1].version
 
     async def _on_topics_changed(self) -> None:
         if not self._active:
@@ -798,9 +871,30 @@ class Controller:
     async def _on_topic_changed(self, topic: str) -> None:
         if not self._active:
             return
-        if await self._read_topic(topic) is None:
+        read = await self._read_topic(topic)
+        if read is None:
             return
+        if read[0].topic_id is None:
+            await self._assign_topic_id(topic, *read)
         await self._create_missing_states([topic])
+
+    async def _assign_topic_id(self, topic: str, znode: znodes.TopicZNode, version: int) -> None:
+        """A topic znode without an id (Kafka 2.x's format, as its ``--zookeeper`` tools write it)
+        gets one, as Kafka 2.8+'s controller gives it: written back at the version read, so an id
+        another writer set meanwhile is kept (the topic's watch brings the new znode back here)."""
+        topic_id = uuid.uuid4()
+        new = replace(znode, topic_id=topic_id)
+        try:
+            await self._write([SetData(znodes.topic_path(topic), new.encode(), version)])
+        except MultiOpFailed as e:
+            if isinstance(e.cause, (BadVersionError, NoNodeError)):
+                return
+            raise
+        self._topics[topic] = new
+        log.info(
+            "topic id assigned",
+            extra={"topic": topic, "topic_id": znodes.encode_uuid(topic_id), "controller_epoch": self._epoch},
+        )
 
     async def _create_missing_states(self, topics: list[str]) -> None:
         live = set(self._live)
@@ -998,7 +1092,9 @@ class Controller:
 
     async def _on_reassignment_request(self) -> None:
         """Start every reassignment of /admin/reassign_partitions, then delete it: from then on the
-        topic znodes (replicas with adding_replicas/removing_replicas) hold the reassignments."""
+        topic znodes (replicas with adding_replicas/removing_replicas) hold the reassignments. The
+        request goes only once every partition of it has started (or cannot be), so a failure half-way
+        leaves it for the retry; starting a partition again is a no-op."""
         if not self._active:
             return
         got = await self._zk.get_or_none(znodes.REASSIGN_PARTITIONS)
@@ -1006,60 +1102,75 @@ class Controller:
             return
         try:
             requests = znodes.decode_reassignment(got[0])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a malformed partition reassignment request")
+        except _PARSE_ERRORS as e:
+            self._unparseable(znodes.REASSIGN_PARTITIONS, e)
             requests = []
         for request in requests:
             await self._start_reassignment(request.topic, request.partition, request.replicas)
-        with contextlib.suppress(MultiOpFailed):
+        with contextlib.suppress(MultiOpFailed):  # a new request replaced it meanwhile: its own event
             await self._write([Delete(znodes.REASSIGN_PARTITIONS, got[1].version)])
 
     async def _start_reassignment(self, topic: str, partition: int, target: list[int]) -> None:
         """Kafka's phase one: replicas = target + original (new replicas start following), adding =
-        target - original, removing = original - target; the leader epoch moves so the leader knows."""
-        got = await self._zk.get_or_none(znodes.topic_path(topic))
-        if got is None or not target or len(set(target)) != len(target):
-            log.warning(
-                "ignoring a reassignment", extra={"topic": topic, "partition": partition, "replicas": target}
+        target - original, removing = original - target; the leader epoch moves in the same write so
+        the leader knows. After a BadVersion (the topic or the partition's state changed meanwhile)
+        read and decide again."""
+        while True:
+            topic_got = await self._zk.get_or_none(znodes.topic_path(topic))
+            znode = self._decode_topic(topic, topic_got[0]) if topic_got is not None else None
+            current = znode.partitions.get(partition) if znode is not None else None
+            if (
+                topic_got is None
+                or znode is None
+                or current is None
+                or not target
+                or len(set(target)) != len(target)
+            ):
+                log.warning(
+                    "ignoring a reassignment",
+                    extra={"topic": topic, "partition": partition, "replicas": target},
+                )
+                return
+            adding_now = znode.adding_replicas.get(partition, [])
+            original = [b for b in current if b not in adding_now]  # a reassignment in progress is replaced
+            replicas = target + [b for b in original if b not in target]
+            adding = [b for b in target if b not in original]
+            removing = [b for b in original if b not in target]
+            new = replace(
+                znode,
+                partitions={**znode.partitions, partition: replicas},
+                adding_replicas=_with(znode.adding_replicas, partition, adding),
+                removing_replicas=_with(znode.removing_replicas, partition, removing),
             )
-            return
-        znode = znodes.TopicZNode.decode(got[0])
-        current = znode.partitions.get(partition)
-        if current is None:
-            return
-        adding_now = znode.adding_replicas.get(partition, [])
-        original = [b for b in current if b not in adding_now]  # a reassignment in progress is replaced
-        replicas = target + [b for b in original if b not in target]
-        adding = [b for b in target if b not in original]
-        removing = [b for b in original if b not in target]
-        new = znodes.TopicZNode(
-            znode.topic_id,
-            {**znode.partitions, partition: replicas},
-            _with(znode.adding_replicas, partition, adding),
-            _with(znode.removing_replicas, partition, removing),
-        )
-        try:
-            await self._write([SetData(znodes.topic_path(topic), new.encode(), got[1].version)])
-        except MultiOpFailed:
-            self._enqueue_later(_RETRY_BACKOFF_MIN_S, "reassignment", self._on_reassignment_request)
-            return
-        self._topics[topic] = new
-        log.info(
-            "partition reassignment started",
-            extra={
-                "topic": topic,
-                "partition": partition,
-                "replicas": replicas,
-                "adding": adding,
-                "removing": removing,
-            },
-        )
-        await self._update_state(
-            topic,
-            partition,
-            lambda s: replace(s, leader_epoch=s.leader_epoch + 1, controller_epoch=self._epoch),
-            "reassignment started",
-        )
+            if new == znode:
+                break  # started already (a retried request)
+            ops: list[Create | SetData | Delete] = [
+                SetData(znodes.topic_path(topic), new.encode(), topic_got[1].version)
+            ]
+            state_path = znodes.partition_state_path(topic, partition)
+            state_got = await self._zk.get_or_none(state_path)
+            state = self._decode_state(state_path, state_got[0]) if state_got is not None else None
+            if state_got is not None and state is not None:
+                bumped = replace(state, leader_epoch=state.leader_epoch + 1, controller_epoch=self._epoch)
+                ops.append(SetData(state_path, bumped.encode(), state_got[1].version))
+            try:
+                await self._write(ops)
+            except MultiOpFailed as e:
+                if isinstance(e.cause, (BadVersionError, NoNodeError)):
+                    continue
+                raise
+            self._topics[topic] = new
+            log.info(
+                "partition reassignment started",
+                extra={
+                    "topic": topic,
+                    "partition": partition,
+                    "replicas": replicas,
+                    "adding": adding,
+                    "removing": removing,
+                },
+            )
+            break
         await self._watch_reassignment(topic, partition)
 
     async def _watch_reassignment(self, topic: str, partition: int) -> None:
@@ -1084,21 +1195,27 @@ class Controller:
         if not self._active:
             return
         topic_got = await self._zk.get_or_none(znodes.topic_path(topic))
-        state_got = await self._zk.get_or_none(znodes.partition_state_path(topic, partition))
-        znode = znodes.TopicZNode.decode(topic_got[0]) if topic_got else None
+        state_path = znodes.partition_state_path(topic, partition)
+        state_got = await self._zk.get_or_none(state_path)
+        znode = self._decode_topic(topic, topic_got[0]) if topic_got else None
+        state = self._decode_state(state_path, state_got[0]) if state_got else None
         if (
             topic_got is None
-            or znode is None
             or state_got is None
-            or (partition not in znode.adding_replicas and partition not in znode.removing_replicas)
+            or (
+                znode is not None
+                and partition not in znode.adding_replicas
+                and partition not in znode.removing_replicas
+            )
         ):
             watch = self._reassignment_watches.pop((topic, partition), None)
             if watch is not None:
                 watch.cancel()
             return
+        if znode is None or state is None:
+            return  # skipped while it cannot be parsed; its watch calls again when it changes
         removing = znode.removing_replicas.get(partition, [])
-        target = [b for b in znode.partitions[partition] if b not in removing]
-        state = znodes.LeaderAndIsr.decode(state_got[0])
+        target = [b for b in znode.partitions.get(partition, []) if b not in removing]
         live = set(self._live)
         if not set(target) <= set(state.isr):
             return  # not in sync yet: the next ISR change calls again
@@ -1144,6 +1261,26 @@ class Controller:
             extra={"topic": topic, "partition": partition, "replicas": target, "leader": leader},
         )
 
+    # -- config change notifications -------------------------------------------------------------
+
+    async def _purge_config_changes(self) -> None:
+        """Delete the /config/changes notifications older than 15 minutes (by their creation time),
+        as Kafka's change-notification listener does whenever a new one arrives: every broker has
+        applied them by then, and a broker that starts later reads the configs themselves."""
+        if not self._active:
+            return
+        expired_before = time.time() * 1000 - CONFIG_CHANGE_EXPIRATION_MS
+        for child in sorted(await self._zk.get_children(znodes.CONFIG_CHANGES)):
+            if not child.startswith(znodes.CONFIG_CHANGE_PREFIX):
+                continue
+            path = f"{znodes.CONFIG_CHANGES}/{child}"
+            stat = await self._zk.exists(path)
+            if stat is None or stat.ctime >= expired_before:
+                continue
+            with contextlib.suppress(MultiOpFailed):  # deleted meanwhile
+                await self._write([Delete(path, stat.version)])
+            log.debug("config change notification purged", extra={"path": path})
+
     # -- preferred leader election ---------------------------------------------------------------
 
     def _on_preferred_election_znode(self, data: bytes | None, _stat: ZnodeStat | None) -> None:
@@ -1158,8 +1295,8 @@ class Controller:
             return
         try:
             partitions = znodes.decode_partition_list(got[0])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a malformed preferred replica election request")
+        except _PARSE_ERRORS as e:
+            self._unparseable(znodes.PREFERRED_REPLICA_ELECTION, e)
             partitions = []
         await self._elect_preferred(partitions, "preferred replica election")
         with contextlib.suppress(MultiOpFailed):
@@ -1202,8 +1339,10 @@ class Controller:
                 continue
             imbalanced: list[tuple[str, int]] = []
             for topic, partition in partitions:
-                got = await self._zk.get_or_none(znodes.partition_state_path(topic, partition))
-                if got is not None and znodes.LeaderAndIsr.decode(got[0]).leader != broker:
+                path = znodes.partition_state_path(topic, partition)
+                got = await self._zk.get_or_none(path)
+                state = self._decode_state(path, got[0]) if got is not None else None
+                if state is not None and state.leader != broker:
                     imbalanced.append((topic, partition))
             if imbalanced and 100 * len(imbalanced) / len(partitions) > threshold:
                 log.info(
