@@ -393,3 +393,132 @@ def test_reassignment_request_survives_a_concurrent_topic_change() -> None:
             await h.stop()
 
     run(body)
+
+
+# -- topic ids (Kafka 2.x topic znodes) ----------------------------------------------------------
+
+
+def test_topic_without_an_id_gets_one_after_a_failed_write() -> None:
+    """A topic znode as Kafka 2.x's --zookeeper tools write it (no topic_id) gets an id, once: a
+    retry after a lost answer keeps the id written."""
+    seen: list[str] = []
+
+    async def setup(h: Harness) -> None:
+        for broker in (1, 2):
+            await h.broker_up(broker)
+        await h.start_controller()
+        seen.clear()
+
+    async def create(h: Harness) -> None:
+        h.server.put(znodes.topic_path("old"), b'{"version":1,"partitions":{"0":[1,2],"1":[2,1]}}')
+
+    def converged(h: Harness) -> bool:
+        data = h.server.data(znodes.topic_path("old"))
+        assert data is not None
+        znode = znodes.TopicZNode.decode(data)
+        if znode.topic_id is None:
+            return False
+        seen.append(str(znode.topic_id))
+        assert len(set(seen)) == 1, "the topic id changed"
+        assert znode.partitions == {0: [1, 2], 1: [2, 1]}
+        return all(s is not None and s.leader > 0 for s in h.states("old").values())
+
+    run(lambda: _at_every_write(Scenario(setup, create, converged)))
+
+
+# -- config change notifications -----------------------------------------------------------------
+
+
+def test_config_change_notifications_are_purged_after_15_minutes() -> None:
+    async def body() -> None:
+        h = Harness()
+        try:
+            await h.broker_up(1)
+            path = f"{znodes.CONFIG_CHANGES}/{znodes.CONFIG_CHANGE_PREFIX}"
+            change = znodes.encode_config_change("topics", "t")
+            h.server.clock_offset_ms = -16 * 60 * 1000
+            old = [await h.admin.create(path, change, sequence=True) for _ in range(3)]
+            h.server.clock_offset_ms = -10 * 60 * 1000
+            recent = await h.admin.create(path, change, sequence=True)
+            h.server.clock_offset_ms = 0
+            await h.start_controller()
+            # Purged when the controller starts, and whenever a new notification arrives.
+            await h.wait(lambda: not any(h.server.data(p) is not None for p in old), "old notifications gone")
+            assert h.server.data(recent) is not None
+            h.server.clock_offset_ms = -20 * 60 * 1000
+            older = await h.admin.create(path, change, sequence=True)
+            h.server.clock_offset_ms = 0
+            newest = await h.admin.create(path, change, sequence=True)
+            await h.wait(lambda: h.server.data(older) is None, "the expired notification gone")
+            await h.quiet()
+            assert h.server.children(znodes.CONFIG_CHANGES) == sorted(
+                p.rsplit("/", 1)[1] for p in (recent, newest)
+            )
+        finally:
+            await h.stop()
+
+    run(body)
+
+
+# -- znodes the controller cannot parse ----------------------------------------------------------
+
+
+def test_garbage_znodes_are_skipped_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Garbage topic znodes (at start and new ones), a non-JSON topic config and a garbage partition
+    state: the controller stays elected (its epoch does not move), elects leaders for every other
+    partition, new topics included, and a controlled shutdown still finishes."""
+
+    async def body() -> None:
+        h = Harness()
+        try:
+            for broker in (1, 2, 3):
+                await h.broker_up(broker)
+            h.create_topic("good", {0: [1, 2, 3], 1: [2, 3, 1], 2: [3, 1, 2]})
+            h.server.put(znodes.topic_path("garbage"), b"{not json")
+            h.server.put(znodes.topic_path("list"), b"[1,2]")
+            h.server.put(znodes.topic_path("badids"), b'{"version":3,"partitions":{"x":[1]},"topic_id":"?"}')
+            h.server.put(znodes.topic_config_path("good"), b"\xff not json")
+            garbage_state = znodes.partition_state_path("good", 2)
+            h.server.put(garbage_state, b'{"leader":"one"}')
+            controller = await h.start_controller()
+            await h.wait(
+                lambda: all((s := h.state("good", p)) is not None and s.leader > 0 for p in (0, 1)), "leaders"
+            )
+            epoch = controller.epoch
+            assert controller.active and epoch == 1
+
+            h.server.put(znodes.topic_path("new-garbage"), b"\x00\x01")
+            h.create_topic("later", {0: [1, 2], 1: [2, 3]})
+            await h.wait(
+                lambda: all(s is not None and s.leader > 0 for s in h.states("later").values()), "later"
+            )
+
+            await h.broker_down(1)  # every partition of "good" is looked at again, the garbage state too
+            await h.wait(
+                lambda: all((s := h.state("good", p)) is not None and s.leader in (2, 3) for p in (0, 1)),
+                "failover",
+            )
+            done = await asyncio.wait_for(request_controlled_shutdown(h.brokers[2], 2, WAIT_S), 2 * WAIT_S)
+            assert done
+            await h.quiet()
+            assert controller.active and controller.epoch == epoch
+            assert h.server.data(znodes.CONTROLLER_EPOCH) == b"1"
+            assert h.server.data(garbage_state) == b'{"leader":"one"}'  # left as it is
+            for topic in ("garbage", "list", "badids", "new-garbage"):
+                assert h.server.data(znodes.topic_path(topic)) is not None  # never taken for deleted
+            assert controller.unparseable_znodes == 6
+            logged = [r for r in caplog.records if r.getMessage() == "skipping a znode that cannot be parsed"]
+            assert sorted(r.__dict__["path"] for r in logged) == sorted(
+                [
+                    znodes.topic_path("garbage"),
+                    znodes.topic_path("list"),
+                    znodes.topic_path("badids"),
+                    znodes.topic_path("new-garbage"),
+                    znodes.topic_config_path("good"),
+                    garbage_state,
+                ]
+            )
+        finally:
+            await h.stop()
+
+    run(body)
