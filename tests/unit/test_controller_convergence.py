@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from fakezk import FakeZooKeeper, FakeZooKeeperServer
-from strom.broker.cluster import controller as controller_module
 from strom.broker.cluster.controller import Controller, request_controlled_shutdown
+from strom.broker.cluster.controller import events as controller_events
 from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
 
@@ -25,8 +25,8 @@ WAIT_S = 5.0
 
 @pytest.fixture(autouse=True)
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(controller_module, "_RETRY_BACKOFF_MIN_S", 0.005)
-    monkeypatch.setattr(controller_module, "_RETRY_BACKOFF_MAX_S", 0.02)
+    monkeypatch.setattr(controller_events, "RETRY_BACKOFF_MIN_S", 0.005)
+    monkeypatch.setattr(controller_events, "RETRY_BACKOFF_MAX_S", 0.02)
 
 
 class Harness:

@@ -1,38 +1,41 @@
-"""The cluster controller on ZooKeeper (Kafka's pre-KRaft KafkaController, without its RPCs).
-
-One broker at a time wins the ephemeral ``/controller`` znode, bumping ``/controller_epoch`` in
-the same multi-op. Every write it makes afterwards is a multi-op that starts with
-``Check(/controller_epoch, version)``: a controller that another one has replaced fails that check
-and resigns, so two controllers never both change the cluster. As in Kafka 4.x there are no
-controller-to-broker requests: the controller writes partition state znodes, and brokers watch
-them and apply them in epoch order.
-
-All decisions run one at a time on a single event task (Kafka's ControllerEventManager): ZooKeeper
-watches only put events on the queue. No decision trusts a cache of partition states -- leaders
-change their ISR by conditional writes at any time -- so every change re-reads the state znode and
-writes it at the version read, deciding again after a BadVersion.
-"""
+"""The controller's duties, in the broker that holds /controller: its election and resignation,
+and what it does for every event -- broker membership, new topics and partitions, deletions,
+controlled shutdowns, reassignments, preferred leader elections, config change purges. Every event
+recomputes from ZooKeeper what it acts on, so running it again after a failure half-way (or twice)
+finishes the job."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from functools import partial
-from typing import Any
 
 from kazoo.exceptions import BadVersionError, KazooException, SessionExpiredError
 
+from strom.broker.cluster.controller.decisions import (
+    decide_controlled_shutdown,
+    decide_on_membership,
+    decide_preferred_leader,
+    first,
+    initial_leader_and_isr,
+)
+from strom.broker.cluster.controller.events import EventQueue, Handler, retry_backoff
+from strom.broker.cluster.controller.requests import ControlledShutdownReport
+from strom.broker.cluster.controller.writer import (
+    PARSE_ERRORS,
+    ControllerMovedError,
+    FencedWriter,
+    UnparseableZnodes,
+)
 from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
 from strom.broker.zk.client import (
     AsyncZooKeeper,
-    Check,
     Create,
     Delete,
     MultiOpFailed,
@@ -44,299 +47,14 @@ from strom.broker.zk.client import (
     ZnodeStat,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("strom.broker.cluster.controller")
 
 # New partition states written in one multi-op (3 small znodes each: well below ZooKeeper's 1 MiB
 # request limit, jute.maxbuffer).
 _STATES_PER_WRITE = 500
-
-__all__ = [
-    "ControlledShutdownReport",
-    "Controller",
-    "decide_controlled_shutdown",
-    "decide_on_membership",
-    "decide_preferred_leader",
-    "initial_leader_and_isr",
-    "request_controlled_shutdown",
-    "request_preferred_leader_election",
-]
-
-NO_LEADER = -1
 UNCLEAN_KEY = "unclean.leader.election.enable"
-# A controlled-shutdown request not answered "done" within this long is made anew, so that a
-# request that raced a controller change or an ISR expansion is looked at again.
-_SHUTDOWN_RETRY_S = 2.0
-_RETRY_BACKOFF_MIN_S = 0.2
-_RETRY_BACKOFF_MAX_S = 5.0
 # Kafka's ZkNodeChangeNotificationListener: change notifications older than this are purged.
 CONFIG_CHANGE_EXPIRATION_MS = 15 * 60 * 1000
-# What a znode's JSON that is not what its reader expects raises while it is decoded.
-_PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
-
-
-class ControllerMovedError(Exception):
-    """This broker is no longer the controller: a write failed the epoch check, or its session
-    changed since it was elected."""
-
-
-# -- decisions (pure: the current state and the cluster's membership in, the new state out) --------
-
-
-def _first(candidates: Iterable[int], preferred_out: set[int]) -> int | None:
-    """The first of ``candidates`` not in ``preferred_out``, else the first of them at all."""
-    ordered = list(candidates)
-    return next((b for b in ordered if b not in preferred_out), ordered[0] if ordered else None)
-
-
-def initial_leader_and_isr(
-    replicas: Sequence[int], live: set[int], controller_epoch: int
-) -> znodes.LeaderAndIsr:
-    """A new partition: the live replicas in assignment order are the ISR, the first leads. With no
-    replica live the partition starts offline with the whole assignment as its ISR (never empty), so
-    whichever replica registers first is elected."""
-    isr = [b for b in replicas if b in live]
-    if not isr:
-        return znodes.LeaderAndIsr(NO_LEADER, 0, list(replicas), controller_epoch)
-    return znodes.LeaderAndIsr(isr[0], 0, isr, controller_epoch)
-
-
-def decide_on_membership(
-    replicas: Sequence[int],
-    state: znodes.LeaderAndIsr,
-    live: set[int],
-    shutting_down: set[int],
-    unclean: bool,
-    controller_epoch: int,
-) -> znodes.LeaderAndIsr | None:
-    """The state after brokers died or (re)joined, or None if nothing changes.
-
-    A live leader keeps leading; dead followers leave the ISR. A dead (or no) leader is replaced by
-    the first replica in assignment order that is live and in the ISR; the ISR loses the dead. With
-    no such replica the partition goes offline (leader -1) and keeps its ISR, so a member of the last
-    ISR is elected when it comes back -- unless unclean election is on, which takes any live replica
-    (and makes it the ISR alone). Every change bumps the leader epoch; the ISR is never written empty.
-    """
-    live_isr = [b for b in state.isr if b in live]
-    if state.leader in live:
-        if live_isr == state.isr or not live_isr:
-            return None
-        return replace(
-            state, isr=live_isr, leader_epoch=state.leader_epoch + 1, controller_epoch=controller_epoch
-        )
-    leader = _first((b for b in replicas if b in live and b in state.isr), shutting_down)
-    if leader is not None:
-        return replace(
-            state,
-            leader=leader,
-            isr=live_isr,
-            leader_epoch=state.leader_epoch + 1,
-            controller_epoch=controller_epoch,
-        )
-    if unclean:
-        leader = _first((b for b in replicas if b in live), shutting_down)
-        if leader is not None:
-            return replace(
-                state,
-                leader=leader,
-                isr=[leader],
-                leader_epoch=state.leader_epoch + 1,
-                controller_epoch=controller_epoch,
-            )
-    if state.leader == NO_LEADER:
-        return None
-    return replace(
-        state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1, controller_epoch=controller_epoch
-    )
-
-
-def decide_controlled_shutdown(
-    replicas: Sequence[int],
-    state: znodes.LeaderAndIsr,
-    broker: int,
-    live: set[int],
-    shutting_down: set[int],
-    controller_epoch: int,
-) -> znodes.LeaderAndIsr | None:
-    """Kafka's ControlledShutdownLeaderElection: leadership moves from ``broker`` to the first replica
-    in assignment order that is live, in the ISR and not shutting down, and ``broker`` leaves the
-    ISR; where it only follows, it leaves an ISR that keeps another live member. None: no change
-    (nothing to move, or no replica to move leadership to)."""
-    if state.leader == broker:
-        isr = [b for b in state.isr if b != broker]
-        leader = next((b for b in replicas if b in live and b in isr and b not in shutting_down), None)
-        if leader is None:
-            return None
-        return replace(
-            state,
-            leader=leader,
-            isr=isr,
-            leader_epoch=state.leader_epoch + 1,
-            controller_epoch=controller_epoch,
-        )
-    if broker in state.isr and state.leader in live and state.leader != NO_LEADER:
-        isr = [b for b in state.isr if b != broker]
-        return replace(state, isr=isr, leader_epoch=state.leader_epoch + 1, controller_epoch=controller_epoch)
-    return None
-
-
-def decide_preferred_leader(
-    replicas: Sequence[int],
-    state: znodes.LeaderAndIsr,
-    live: set[int],
-    shutting_down: set[int],
-    controller_epoch: int,
-) -> znodes.LeaderAndIsr | None:
-    """The preferred replica (first of the assignment) leads again if it is live, in the ISR and not
-    shutting down; None if it leads already or cannot."""
-    if not replicas:
-        return None
-    preferred = replicas[0]
-    if (
-        state.leader == preferred
-        or preferred not in live
-        or preferred in shutting_down
-        or preferred not in state.isr
-    ):
-        return None
-    return replace(
-        state, leader=preferred, leader_epoch=state.leader_epoch + 1, controller_epoch=controller_epoch
-    )
-
-
-# -- controlled shutdown znode (/strom/controlled_shutdown/N) -------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ControlledShutdownReport:
-    """The JSON of /strom/controlled_shutdown/N.
-
-    The broker creates it (ephemeral) as ``{"version":1,"broker":N,"request_id":"<hex>"}``; the
-    controller answers in the same znode, keeping those fields and adding ``controller_epoch``,
-    ``leaders_remaining`` (partitions N still leads that another live replica could take over),
-    ``isr_remaining`` (partitions N follows in an ISR with other live members) and ``done``
-    (both are 0). The broker trusts only an answer carrying its own request id.
-    """
-
-    broker: int
-    request_id: str
-    controller_epoch: int = -1
-    leaders_remaining: int = -1
-    isr_remaining: int = -1
-    done: bool = False
-
-    def encode_request(self) -> bytes:
-        return json.dumps(
-            {"version": 1, "broker": self.broker, "request_id": self.request_id}, separators=(",", ":")
-        ).encode()
-
-    def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "version": 1,
-                "broker": self.broker,
-                "request_id": self.request_id,
-                "controller_epoch": self.controller_epoch,
-                "leaders_remaining": self.leaders_remaining,
-                "isr_remaining": self.isr_remaining,
-                "done": self.done,
-            },
-            separators=(",", ":"),
-        ).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> ControlledShutdownReport:
-        json_ = json.loads(data.decode("utf-8"))
-        return cls(
-            broker=int(json_["broker"]),
-            request_id=str(json_.get("request_id", "")),
-            controller_epoch=int(json_.get("controller_epoch", -1)),
-            leaders_remaining=int(json_.get("leaders_remaining", -1)),
-            isr_remaining=int(json_.get("isr_remaining", -1)),
-            done=bool(json_.get("done", False)),
-        )
-
-
-async def request_controlled_shutdown(zk: AsyncZooKeeper, broker_id: int, timeout_s: float) -> bool:
-    """Ask the controller to move leadership (and ISR membership) off ``broker_id``; True once it
-    reports that done, False after ``timeout_s``. The request znode is ephemeral (a broker that dies
-    meanwhile leaves none behind) and is always removed at the end."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    path = znodes.controlled_shutdown_path(broker_id)
-    await zk.ensure_path(znodes.CONTROLLED_SHUTDOWN)
-    try:
-        while True:
-            request = ControlledShutdownReport(broker_id, uuid.uuid4().hex)
-            with contextlib.suppress(NoNodeError):
-                await zk.delete(path)
-            await zk.create(path, request.encode_request(), ephemeral=True)
-            report = await _await_shutdown_report(
-                zk, path, request.request_id, min(_SHUTDOWN_RETRY_S, deadline - loop.time())
-            )
-            if report is not None:
-                return report.done
-            if loop.time() >= deadline:
-                return False
-    finally:
-        with contextlib.suppress(NoNodeError, KazooException):
-            await zk.delete(path)
-
-
-async def _await_shutdown_report(
-    zk: AsyncZooKeeper, path: str, request_id: str, timeout_s: float
-) -> ControlledShutdownReport | None:
-    """The controller's answer to request ``request_id`` (done, or what still holds the shutdown up,
-    as Kafka's ControlledShutdown response lists the partitions remaining); None if none came
-    within ``timeout_s``."""
-    answered: asyncio.Future[ControlledShutdownReport] = asyncio.get_running_loop().create_future()
-
-    def on_report(data: bytes | None, _stat: ZnodeStat | None) -> None:
-        if not data or answered.done():
-            return
-        with contextlib.suppress(ValueError, KeyError):
-            report = ControlledShutdownReport.decode(data)
-            if report.request_id == request_id and report.controller_epoch >= 0:
-                answered.set_result(report)
-
-    watch = await zk.watch_data(path, on_report)
-    try:
-        if timeout_s > 0:
-            with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(answered), timeout_s)
-    finally:
-        watch.cancel()
-    return answered.result() if answered.done() else None
-
-
-async def request_preferred_leader_election(
-    zk: AsyncZooKeeper, partitions: list[tuple[str, int]] | None, timeout_s: float = 30.0
-) -> None:
-    """Write /admin/preferred_replica_election as kafka-leader-election.sh does (None: every partition
-    of every topic). While an earlier election is pending the znode exists; wait for the controller
-    to finish it (TimeoutError after ``timeout_s``)."""
-    if partitions is None:
-        partitions = []
-        for topic in sorted(await zk.get_children(znodes.TOPICS)):
-            got = await zk.get_or_none(znodes.topic_path(topic))
-            with contextlib.suppress(*_PARSE_ERRORS):  # the controller skips it too
-                if got is not None:
-                    partitions += [(topic, p) for p in sorted(znodes.TopicZNode.decode(got[0]).partitions)]
-    data = znodes.encode_partition_list(partitions)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        try:
-            await zk.create(znodes.PREFERRED_REPLICA_ELECTION, data, makepath=True)
-            return
-        except NodeExistsError:
-            if loop.time() >= deadline:
-                raise TimeoutError("a preferred replica election is still in progress") from None
-            await asyncio.sleep(0.1)
-
-
-# -- the controller --------------------------------------------------------------------------------
-
-Event = tuple[str, Callable[[], Awaitable[None]]]
 
 
 class Controller:
@@ -346,18 +64,15 @@ class Controller:
         self._zk = zk
         self._broker_id = broker_id
         self._config = config
-        self._events: asyncio.Queue[Event | None] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
+        self._events = EventQueue(self._on_event_failed, lambda: self._epoch)
         self._started = False
         self._stopped = False
         self._active = False
         self._epoch = -1
-        self._epoch_zk_version = -1
-        self._session_id = 0  # the session that won the election
+        self._writer: FencedWriter | None = None  # the writes of the term won
         self._controller_watch: Watch | None = None
         self._duty_watches: list[Watch] = []
         self._topic_watches: dict[str, Watch] = {}
-        self._timers: set[asyncio.TimerHandle] = set()
         self._rebalance_task: asyncio.Task[None] | None = None
         # Cluster view while active (rebuilt at every election).
         self._live: dict[int, int] = {}  # broker id -> broker epoch (czxid of its registration)
@@ -367,7 +82,7 @@ class Controller:
         # Reassigning partitions: a watch on each one's state, to finish when the targets are in sync.
         self._reassignment_watches: dict[tuple[str, int], Watch] = {}
         # Znodes that could not be parsed (each logged once): skipped, everything else goes on.
-        self._unparseable_paths: set[str] = set()
+        self._unparseable = UnparseableZnodes()
 
     @property
     def active(self) -> bool:
@@ -376,7 +91,7 @@ class Controller:
     @property
     def unparseable_znodes(self) -> int:
         """How many znodes the controller skips because it cannot parse them."""
-        return len(self._unparseable_paths)
+        return len(self._unparseable)
 
     @property
     def epoch(self) -> int:
@@ -389,74 +104,42 @@ class Controller:
             return
         self._started = True
         self._zk.add_session_listener(self._on_session_event)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"controller-{self._broker_id}")
-        self._enqueue("startup", self._startup)
+        self._events.start(f"controller-{self._broker_id}")
+        self._events.put("startup", self._startup)
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        for timer in self._timers:
-            timer.cancel()
-        self._timers.clear()
         if self._controller_watch is not None:
             self._controller_watch.cancel()
-        if self._task is not None:
-            self._events.put_nowait(None)
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
-            except TimeoutError:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+        await self._events.stop(5.0)
         with contextlib.suppress(KazooException, asyncio.CancelledError):
             await self._resign("stopped")
 
-    # -- the event loop ------------------------------------------------------------------------
+    # -- events ------------------------------------------------------------------------------
 
-    def _enqueue(self, name: str, handler: Callable[[], Awaitable[None]]) -> None:
-        if not self._stopped:
-            self._events.put_nowait((name, handler))
-
-    def _enqueue_later(self, delay: float, name: str, handler: Callable[[], Awaitable[None]]) -> None:
-        def fire() -> None:
-            self._timers.discard(timer)
-            self._enqueue(name, handler)
-
-        timer = asyncio.get_running_loop().call_later(delay, fire)
-        self._timers.add(timer)
-
-    async def _run(self) -> None:
-        failures: dict[str, int] = {}
-        while True:
-            event = await self._events.get()
-            if event is None or self._stopped:
-                return
-            name, handler = event
-            epoch = self._epoch
-            try:
-                await handler()
-                failures.pop(name, None)
-            except ControllerMovedError as e:
-                log.info(
-                    "controller fenced, resigning", extra={"broker_id": self._broker_id, "reason": str(e)}
-                )
-                await self._resign_safely("fenced")
-                self._enqueue("check-controller", self._check_controller)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                # ZooKeeper unreachable for a moment, most likely: every handler re-reads what it
-                # decides on, so running it again later is safe. A handler of an older term is dropped.
-                count = failures[name] = failures.get(name, 0) + 1
-                delay = min(_RETRY_BACKOFF_MAX_S, _RETRY_BACKOFF_MIN_S * 2 ** (count - 1))
-                log.warning(
-                    "controller event failed, retrying",
-                    extra={"event": name, "error": repr(e), "retry_in_s": delay},
-                    exc_info=count == 1 and not isinstance(e, KazooException),
-                )
-                if name in ("startup", "check-controller") or (self._active and self._epoch == epoch):
-                    self._enqueue_later(delay, name, handler)
+    async def _on_event_failed(
+        self, name: str, handler: Handler, error: Exception, failures: int, term: int
+    ) -> None:
+        if isinstance(error, ControllerMovedError):
+            log.info(
+                "controller fenced, resigning", extra={"broker_id": self._broker_id, "reason": str(error)}
+            )
+            await self._resign_safely("fenced")
+            self._events.put("check-controller", self._check_controller)
+            return
+        # ZooKeeper unreachable for a moment, most likely: every handler recomputes from ZooKeeper
+        # what it acts on, so running it again later finishes the job. A handler of an older term
+        # is dropped.
+        delay = retry_backoff(failures)
+        log.warning(
+            "controller event failed, retrying",
+            extra={"event": name, "error": repr(error), "retry_in_s": delay},
+            exc_info=failures == 1 and not isinstance(error, KazooException),
+        )
+        if name in ("startup", "check-controller") or (self._active and self._epoch == term):
+            self._events.put_later(delay, name, handler)
 
     # -- election ------------------------------------------------------------------------------
 
@@ -466,7 +149,7 @@ class Controller:
         await self._check_controller()
 
     def _on_controller_change(self, _data: bytes | None, _stat: ZnodeStat | None) -> None:
-        self._enqueue("check-controller", self._check_controller)
+        self._events.put("check-controller", self._check_controller)
 
     def _on_session_event(self, state: str) -> None:
         if state == SessionState.EXPIRED:
@@ -474,13 +157,13 @@ class Controller:
                 # Stop acting at once; the cleanup runs on the event task.
                 self._active = False
                 log.info("controller session expired, resigning", extra={"broker_id": self._broker_id})
-                self._enqueue("resign", self._resign_expired)
+                self._events.put("resign", self._resign_expired)
         elif state == SessionState.CONNECTED:
-            self._enqueue("check-controller", self._check_controller)
+            self._events.put("check-controller", self._check_controller)
             if self._active:
                 # A children watch re-established on the same children says nothing; a broker may
                 # have restarted (a new czxid) while this session was disconnected.
-                self._enqueue("broker-change", self._on_brokers_changed)
+                self._events.put("broker-change", self._on_brokers_changed)
 
     async def _check_controller(self) -> None:
         """Resign if /controller is no longer ours; contend if there is none."""
@@ -536,18 +219,17 @@ class Controller:
                 "lost controller election", extra={"broker_id": self._broker_id, "cause": repr(e.cause)}
             )
             if isinstance(e.cause, BadVersionError):
-                self._enqueue("check-controller", self._check_controller)
+                self._events.put("check-controller", self._check_controller)
             return
         self._epoch = epoch
-        self._epoch_zk_version = results[1].version
-        self._session_id = session_id
+        self._writer = FencedWriter(self._zk, epoch, results[1].version, session_id, self._unparseable)
         self._active = True
         log.info(
             "elected controller",
             extra={
                 "broker_id": self._broker_id,
                 "controller_epoch": epoch,
-                "epoch_zk_version": self._epoch_zk_version,
+                "epoch_zk_version": results[1].version,
             },
         )
         try:
@@ -596,108 +278,19 @@ class Controller:
                 extra={"broker_id": self._broker_id, "controller_epoch": self._epoch, "reason": reason},
             )
         self._epoch = -1
-        self._epoch_zk_version = -1
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         got = await self._zk.get_or_none(znodes.CONTROLLER)
         if got is not None and self._owns(got):
             with contextlib.suppress(NoNodeError, BadVersionError):
                 await self._zk.delete(znodes.CONTROLLER, got[1].version)
 
-    # -- znodes it cannot parse ----------------------------------------------------------------
-
-    def _unparseable(self, path: str, error: Exception | None = None) -> None:
-        """Count and log (once while it stays so) a znode the controller skips: one garbage znode
-        must not stop it from doing everything else."""
-        if path not in self._unparseable_paths:
-            self._unparseable_paths.add(path)
-            log.error(
-                "skipping a znode that cannot be parsed",
-                extra={
-                    "path": path,
-                    "error": repr(error),
-                    "unparseable_znodes": len(self._unparseable_paths),
-                },
-            )
-
-    def _parsed(self, path: str) -> None:
-        self._unparseable_paths.discard(path)
-
-    def _decode_topic(self, topic: str, data: bytes) -> znodes.TopicZNode | None:
-        path = znodes.topic_path(topic)
-        try:
-            znode = znodes.TopicZNode.decode(data)
-        except _PARSE_ERRORS as e:
-            self._unparseable(path, e)
-            return None
-        self._parsed(path)
-        return znode
-
-    def _decode_state(self, path: str, data: bytes) -> znodes.LeaderAndIsr | None:
-        try:
-            state = znodes.LeaderAndIsr.decode(data)
-        except _PARSE_ERRORS as e:
-            self._unparseable(path, e)
-            return None
-        self._parsed(path)
-        return state
-
-    # -- fenced writes -------------------------------------------------------------------------
-
-    async def _write(self, ops: Sequence[Create | SetData | Delete]) -> list[Any]:
-        """``ops`` in one multi-op after Check(/controller_epoch, our version). Raises
-        ControllerMovedError when fenced, MultiOpFailed (index into ``ops``) for other failures."""
-        if not self._active or self._zk.session_id != self._session_id:
-            raise ControllerMovedError("not the controller of this session")
-        try:
-            return (await self._zk.multi([Check(znodes.CONTROLLER_EPOCH, self._epoch_zk_version), *ops]))[1:]
-        except MultiOpFailed as e:
-            if e.index == 0:
-                raise ControllerMovedError(f"controller epoch check failed: {type(e.cause).__name__}") from e
-            raise MultiOpFailed(e.index - 1, e.op, e.cause) from e
-
-    async def _update_state(
-        self,
-        topic: str,
-        partition: int,
-        decide: Callable[[znodes.LeaderAndIsr], znodes.LeaderAndIsr | None],
-        why: str,
-    ) -> znodes.LeaderAndIsr | None:
-        """Read the partition's state, ``decide`` the new one, write it at the version read; after a
-        BadVersion (the leader changed its ISR meanwhile) read and decide again. Returns the state
-        now in ZooKeeper (None: no such partition, or a state that cannot be parsed)."""
-        path = znodes.partition_state_path(topic, partition)
-        while True:
-            got = await self._zk.get_or_none(path)
-            if got is None:
-                return None
-            current = self._decode_state(path, got[0])
-            if current is None:
-                return None  # skipped, as a partition without a state
-            new = decide(current)
-            if new is None:
-                return current
-            try:
-                await self._write([SetData(path, new.encode(), got[1].version)])
-            except MultiOpFailed as e:
-                if isinstance(e.cause, BadVersionError):
-                    continue
-                if isinstance(e.cause, NoNodeError):
-                    return None
-                raise
-            log_ = log.info if new.leader != current.leader else log.debug
-            log_(
-                "partition state changed",
-                extra={
-                    "topic": topic,
-                    "partition": partition,
-                    "reason": why,
-                    "leader": new.leader,
-                    "previous_leader": current.leader,
-                    "leader_epoch": new.leader_epoch,
-                    "isr": new.isr,
-                    "controller_epoch": self._epoch,
-                },
-            )
-            return new
+    def _fenced(self) -> FencedWriter:
+        """The writer of this term; ControllerMovedError once it is over."""
+        if not self._active or self._writer is None:
+            raise ControllerMovedError("not the controller")
+        return self._writer
 
     # -- becoming controller -------------------------------------------------------------------
 
@@ -719,23 +312,23 @@ class Controller:
         await self._reconcile(self._all_partitions(), "controller failover", set(self._live))
         self._duty_watches += [
             await self._zk.watch_children(
-                znodes.BROKER_IDS, lambda _: self._enqueue("broker-change", self._on_brokers_changed)
+                znodes.BROKER_IDS, lambda _: self._events.put("broker-change", self._on_brokers_changed)
             ),
             await self._zk.watch_children(
-                znodes.TOPICS, lambda _: self._enqueue("topics-change", self._on_topics_changed)
+                znodes.TOPICS, lambda _: self._events.put("topics-change", self._on_topics_changed)
             ),
             await self._zk.watch_children(
-                znodes.DELETE_TOPICS, lambda _: self._enqueue("topic-deletion", self._on_topic_deletion)
+                znodes.DELETE_TOPICS, lambda _: self._events.put("topic-deletion", self._on_topic_deletion)
             ),
             await self._zk.watch_children(
                 znodes.CONTROLLED_SHUTDOWN,
-                lambda _: self._enqueue("controlled-shutdown", self._on_controlled_shutdown),
+                lambda _: self._events.put("controlled-shutdown", self._on_controlled_shutdown),
             ),
             await self._zk.watch_data(znodes.PREFERRED_REPLICA_ELECTION, self._on_preferred_election_znode),
             await self._zk.watch_data(znodes.REASSIGN_PARTITIONS, self._on_reassignment_znode),
             await self._zk.watch_children(
                 znodes.CONFIG_CHANGES,
-                lambda _: self._enqueue("config-change-purge", self._purge_config_changes),
+                lambda _: self._events.put("config-change-purge", self._purge_config_changes),
             ),
         ]
         await self._on_topics_changed()
@@ -820,7 +413,7 @@ class Controller:
                 unclean=unclean_cache[topic],
                 controller_epoch=self._epoch,
             )
-            await self._update_state(topic, partition, decide, why)
+            await self._fenced().update_state(topic, partition, decide, why)
 
     async def _unclean_allowed(self, topic: str) -> bool:
         """unclean.leader.election.enable of the topic (its /config/topics override), else the broker's."""
@@ -828,11 +421,11 @@ class Controller:
         got = await self._zk.get_or_none(path)
         try:
             override = znodes.EntityConfigZNode.decode(got[0] if got else None).config.get(UNCLEAN_KEY)
-        except _PARSE_ERRORS as e:
-            self._unparseable(path, e)
+        except PARSE_ERRORS as e:
+            self._unparseable.skip(path, e)
             override = None
         else:
-            self._parsed(path)
+            self._unparseable.parsed(path)
         if override is not None:
             return override.strip().lower() == "true"
         return bool(self._config.unclean_leader_election_enable)
@@ -843,7 +436,7 @@ class Controller:
         """The topic's znode and its version; None (and out of the controller's view) when it is gone
         or cannot be parsed -- skipped, never taken for deleted: only a deletion request deletes."""
         got = await self._zk.get_or_none(znodes.topic_path(topic))
-        znode = self._decode_topic(topic, got[0]) if got is not None and got[0] else None
+        znode = self._unparseable.topic(topic, got[0]) if got is not None and got[0] else None
         if got is None or znode is None:
             self._topics.pop(topic, None)
             self._with_state.pop(topic, None)
@@ -866,7 +459,7 @@ class Controller:
             )
 
     def _on_topic_znode(self, topic: str, _data: bytes | None, _stat: ZnodeStat | None) -> None:
-        self._enqueue("topic-change", partial(self._on_topic_changed, topic))
+        self._events.put("topic-change", partial(self._on_topic_changed, topic))
 
     async def _on_topic_changed(self, topic: str) -> None:
         if not self._active:
@@ -885,7 +478,7 @@ class Controller:
         topic_id = uuid.uuid4()
         new = replace(znode, topic_id=topic_id)
         try:
-            await self._write([SetData(znodes.topic_path(topic), new.encode(), version)])
+            await self._fenced().write([SetData(znodes.topic_path(topic), new.encode(), version)])
         except MultiOpFailed as e:
             if isinstance(e.cause, (BadVersionError, NoNodeError)):
                 return
@@ -945,7 +538,7 @@ class Controller:
         topic is gone), or None when one of them exists already (the caller goes one by one)."""
         ops, states = await self._state_creation_ops(topic, partitions, live)
         try:
-            await self._write(ops)
+            await self._fenced().write(ops)
         except MultiOpFailed as e:
             if isinstance(e.cause, NodeExistsError):
                 return None
@@ -963,7 +556,7 @@ class Controller:
             return True
         ops, states = await self._state_creation_ops(topic, [(partition, replicas)], live)
         try:
-            await self._write(ops)
+            await self._fenced().write(ops)
         except MultiOpFailed as e:
             if isinstance(e.cause, NodeExistsError):
                 return await self._zk.exists(state_path) is not None
@@ -1004,11 +597,11 @@ class Controller:
             ops.append(Delete(znodes.topic_config_path(topic)))
         ops.append(Delete(znodes.delete_topic_path(topic)))
         try:
-            await self._write(ops)
+            await self._fenced().write(ops)
         except MultiOpFailed:
             # The tree changed while it was read (a partition being created, the request withdrawn):
             # look again.
-            self._enqueue_later(_RETRY_BACKOFF_MIN_S, "topic-deletion", self._on_topic_deletion)
+            self._events.put_later(retry_backoff(1), "topic-deletion", self._on_topic_deletion)
             return
         if topic in self._topic_watches:
             self._topic_watches.pop(topic).cancel()
@@ -1056,7 +649,7 @@ class Controller:
                 shutting_down=self._shutting_down,
                 controller_epoch=self._epoch,
             )
-            state = await self._update_state(topic, partition, decide, "controlled shutdown")
+            state = await self._fenced().update_state(topic, partition, decide, "controlled shutdown")
             if state is None:
                 continue
             others = [b for b in replicas if b != broker and b in live and b not in self._shutting_down]
@@ -1082,13 +675,13 @@ class Controller:
             extra={"broker": broker, "leaders_remaining": leaders_remaining, "isr_remaining": isr_remaining},
         )
         with contextlib.suppress(MultiOpFailed):  # the request was withdrawn or made anew meanwhile
-            await self._write([SetData(path, report.encode(), got[1].version)])
+            await self._fenced().write([SetData(path, report.encode(), got[1].version)])
 
     # -- partition reassignment (KIP-455 in the topic znode) -------------------------------------
 
     def _on_reassignment_znode(self, data: bytes | None, _stat: ZnodeStat | None) -> None:
         if data is not None:
-            self._enqueue("reassignment", self._on_reassignment_request)
+            self._events.put("reassignment", self._on_reassignment_request)
 
     async def _on_reassignment_request(self) -> None:
         """Start every reassignment of /admin/reassign_partitions, then delete it: from then on the
@@ -1102,13 +695,13 @@ class Controller:
             return
         try:
             requests = znodes.decode_reassignment(got[0])
-        except _PARSE_ERRORS as e:
-            self._unparseable(znodes.REASSIGN_PARTITIONS, e)
+        except PARSE_ERRORS as e:
+            self._unparseable.skip(znodes.REASSIGN_PARTITIONS, e)
             requests = []
         for request in requests:
             await self._start_reassignment(request.topic, request.partition, request.replicas)
         with contextlib.suppress(MultiOpFailed):  # a new request replaced it meanwhile: its own event
-            await self._write([Delete(znodes.REASSIGN_PARTITIONS, got[1].version)])
+            await self._fenced().write([Delete(znodes.REASSIGN_PARTITIONS, got[1].version)])
 
     async def _start_reassignment(self, topic: str, partition: int, target: list[int]) -> None:
         """Kafka's phase one: replicas = target + original (new replicas start following), adding =
@@ -1117,7 +710,7 @@ class Controller:
         read and decide again."""
         while True:
             topic_got = await self._zk.get_or_none(znodes.topic_path(topic))
-            znode = self._decode_topic(topic, topic_got[0]) if topic_got is not None else None
+            znode = self._unparseable.topic(topic, topic_got[0]) if topic_got is not None else None
             current = znode.partitions.get(partition) if znode is not None else None
             if (
                 topic_got is None
@@ -1149,12 +742,12 @@ class Controller:
             ]
             state_path = znodes.partition_state_path(topic, partition)
             state_got = await self._zk.get_or_none(state_path)
-            state = self._decode_state(state_path, state_got[0]) if state_got is not None else None
+            state = self._unparseable.state(state_path, state_got[0]) if state_got is not None else None
             if state_got is not None and state is not None:
                 bumped = replace(state, leader_epoch=state.leader_epoch + 1, controller_epoch=self._epoch)
                 ops.append(SetData(state_path, bumped.encode(), state_got[1].version))
             try:
-                await self._write(ops)
+                await self._fenced().write(ops)
             except MultiOpFailed as e:
                 if isinstance(e.cause, (BadVersionError, NoNodeError)):
                     continue
@@ -1177,7 +770,7 @@ class Controller:
         key = (topic, partition)
         if key in self._reassignment_watches:
             # Its state may already be in sync: look now, as the watch's first call would.
-            self._enqueue("reassignment-progress", partial(self._complete_reassignment, topic, partition))
+            self._events.put("reassignment-progress", partial(self._complete_reassignment, topic, partition))
             return
         self._reassignment_watches[key] = await self._zk.watch_data(
             znodes.partition_state_path(topic, partition),
@@ -1187,7 +780,7 @@ class Controller:
     def _on_reassigning_state(
         self, topic: str, partition: int, _data: bytes | None, _stat: ZnodeStat | None
     ) -> None:
-        self._enqueue("reassignment-progress", partial(self._complete_reassignment, topic, partition))
+        self._events.put("reassignment-progress", partial(self._complete_reassignment, topic, partition))
 
     async def _complete_reassignment(self, topic: str, partition: int) -> None:
         """Kafka's phase two, once every target replica is in the ISR: the leader moves into the
@@ -1197,8 +790,8 @@ class Controller:
         topic_got = await self._zk.get_or_none(znodes.topic_path(topic))
         state_path = znodes.partition_state_path(topic, partition)
         state_got = await self._zk.get_or_none(state_path)
-        znode = self._decode_topic(topic, topic_got[0]) if topic_got else None
-        state = self._decode_state(state_path, state_got[0]) if state_got else None
+        znode = self._unparseable.topic(topic, topic_got[0]) if topic_got else None
+        state = self._unparseable.state(state_path, state_got[0]) if state_got else None
         if (
             topic_got is None
             or state_got is None
@@ -1221,7 +814,7 @@ class Controller:
             return  # not in sync yet: the next ISR change calls again
         leader: int | None = state.leader
         if leader not in target or leader not in live:
-            leader = _first((b for b in target if b in live and b in state.isr), self._shutting_down)
+            leader = first((b for b in target if b in live and b in state.isr), self._shutting_down)
             if leader is None:
                 return  # no target replica alive: wait for one (a broker change brings this back)
         new_state = replace(
@@ -1238,7 +831,7 @@ class Controller:
             _with(znode.removing_replicas, partition, []),
         )
         try:
-            await self._write(
+            await self._fenced().write(
                 [
                     SetData(
                         znodes.partition_state_path(topic, partition),
@@ -1250,7 +843,7 @@ class Controller:
             )
         except MultiOpFailed:
             # The leader changed the ISR or the topic changed meanwhile: decide again.
-            self._enqueue("reassignment-progress", partial(self._complete_reassignment, topic, partition))
+            self._events.put("reassignment-progress", partial(self._complete_reassignment, topic, partition))
             return
         self._topics[topic] = new_znode
         watch = self._reassignment_watches.pop((topic, partition), None)
@@ -1278,14 +871,14 @@ class Controller:
             if stat is None or stat.ctime >= expired_before:
                 continue
             with contextlib.suppress(MultiOpFailed):  # deleted meanwhile
-                await self._write([Delete(path, stat.version)])
+                await self._fenced().write([Delete(path, stat.version)])
             log.debug("config change notification purged", extra={"path": path})
 
     # -- preferred leader election ---------------------------------------------------------------
 
     def _on_preferred_election_znode(self, data: bytes | None, _stat: ZnodeStat | None) -> None:
         if data is not None:
-            self._enqueue("preferred-election", self._on_preferred_election)
+            self._events.put("preferred-election", self._on_preferred_election)
 
     async def _on_preferred_election(self) -> None:
         if not self._active:
@@ -1295,12 +888,12 @@ class Controller:
             return
         try:
             partitions = znodes.decode_partition_list(got[0])
-        except _PARSE_ERRORS as e:
-            self._unparseable(znodes.PREFERRED_REPLICA_ELECTION, e)
+        except PARSE_ERRORS as e:
+            self._unparseable.skip(znodes.PREFERRED_REPLICA_ELECTION, e)
             partitions = []
         await self._elect_preferred(partitions, "preferred replica election")
         with contextlib.suppress(MultiOpFailed):
-            await self._write([Delete(znodes.PREFERRED_REPLICA_ELECTION, got[1].version)])
+            await self._fenced().write([Delete(znodes.PREFERRED_REPLICA_ELECTION, got[1].version)])
 
     async def _elect_preferred(self, partitions: Iterable[tuple[str, int]], why: str) -> None:
         live = set(self._live)
@@ -1315,13 +908,13 @@ class Controller:
                 shutting_down=self._shutting_down,
                 controller_epoch=self._epoch,
             )
-            await self._update_state(topic, partition, decide, why)
+            await self._fenced().update_state(topic, partition, decide, why)
 
     async def _rebalance_timer(self) -> None:
         interval = max(1, self._config.leader_imbalance_check_interval_seconds)
         while True:
             await asyncio.sleep(interval)
-            self._enqueue("auto-rebalance", self._check_imbalance)
+            self._events.put("auto-rebalance", self._check_imbalance)
 
     async def _check_imbalance(self) -> None:
         """Kafka's checkAndTriggerAutoLeaderRebalance: for each broker, the share of the partitions
@@ -1341,7 +934,7 @@ class Controller:
             for topic, partition in partitions:
                 path = znodes.partition_state_path(topic, partition)
                 got = await self._zk.get_or_none(path)
-                state = self._decode_state(path, got[0]) if got is not None else None
+                state = self._unparseable.state(path, got[0]) if got is not None else None
                 if state is not None and state.leader != broker:
                     imbalanced.append((topic, partition))
             if imbalanced and 100 * len(imbalanced) / len(partitions) > threshold:
