@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -522,3 +522,43 @@ def test_garbage_znodes_are_skipped_and_logged_once(caplog: pytest.LogCaptureFix
             await h.stop()
 
     run(body)
+
+
+def test_cancelled_reassignment_takes_the_added_replicas_out_of_the_isr() -> None:
+    """A cancellation (the original replicas asked for again) drops the replicas the reassignment
+    added from the ISR too: an ISR never names a broker that is not a replica."""
+
+    async def setup(h: Harness) -> None:
+        for broker in (1, 2, 3, 4):
+            await h.broker_up(broker)
+        h.create_topic("t", {0: [1, 2]})
+        await h.start_controller()
+        await h.wait(lambda: h.state("t", 0) is not None, "state")
+        h.server.put(
+            znodes.REASSIGN_PARTITIONS, znodes.encode_reassignment([znodes.PartitionReplicas("t", 0, [3, 4])])
+        )
+        await h.wait(lambda: h.server.data(znodes.REASSIGN_PARTITIONS) is None, "started")
+        state = h.state("t", 0)
+        assert state is not None
+        h.set_state("t", 0, replace(state, isr=[*state.isr, 3]))  # 3 caught up, 4 not yet
+
+    async def cancel(h: Harness) -> None:
+        h.server.put(
+            znodes.REASSIGN_PARTITIONS, znodes.encode_reassignment([znodes.PartitionReplicas("t", 0, [1, 2])])
+        )
+
+    def converged(h: Harness) -> bool:
+        data = h.server.data(znodes.topic_path("t"))
+        assert data is not None
+        znode = znodes.TopicZNode.decode(data)
+        state = h.state("t", 0)
+        return (
+            h.server.data(znodes.REASSIGN_PARTITIONS) is None
+            and znode.partitions == {0: [1, 2]}
+            and not znode.adding_replicas
+            and state is not None
+            and state.leader in (1, 2)
+            and set(state.isr) <= {1, 2}
+        )
+
+    run(lambda: _at_every_write(Scenario(setup, cancel, converged)))

@@ -18,6 +18,7 @@ from functools import partial
 from kazoo.exceptions import BadVersionError, KazooException, SessionExpiredError
 
 from strom.broker.cluster.controller.decisions import (
+    NO_LEADER,
     decide_controlled_shutdown,
     decide_on_membership,
     decide_preferred_leader,
@@ -744,7 +745,15 @@ class Controller:
             state_got = await self._zk.get_or_none(state_path)
             state = self._unparseable.state(state_path, state_got[0]) if state_got is not None else None
             if state_got is not None and state is not None:
-                bumped = replace(state, leader_epoch=state.leader_epoch + 1, controller_epoch=self._epoch)
+                # A replica the reassignment no longer names (a cancelled one's additions) leaves
+                # the ISR, unless it leads or nothing else is left in it.
+                isr = [b for b in state.isr if b in replicas]
+                bumped = replace(
+                    state,
+                    isr=isr if isr and (state.leader in isr or state.leader == NO_LEADER) else state.isr,
+                    leader_epoch=state.leader_epoch + 1,
+                    controller_epoch=self._epoch,
+                )
                 ops.append(SetData(state_path, bumped.encode(), state_got[1].version))
             try:
                 await self._fenced().write(ops)
