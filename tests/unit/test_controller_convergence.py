@@ -562,3 +562,30 @@ def test_cancelled_reassignment_takes_the_added_replicas_out_of_the_isr() -> Non
         )
 
     run(lambda: _at_every_write(Scenario(setup, cancel, converged)))
+
+
+def test_topic_rewritten_without_its_id_gets_the_same_id_back() -> None:
+    """An old tool adds a partition and writes the topic znode in Kafka 2.x's format (no id): the
+    topic keeps the id its logs are under, and the new partition gets a leader."""
+
+    async def setup(h: Harness) -> None:
+        await _three_brokers_and_a_topic(h)
+
+    async def rewrite(h: Harness) -> None:
+        h.server.put(
+            znodes.topic_path("t"),
+            b'{"version":1,"partitions":{"0":[1,2,3],"1":[2,3,1],"2":[3,1,2],"3":[1,3,2],"4":[2,1,3]}}',
+        )
+
+    def converged(h: Harness) -> bool:
+        data = h.server.data(znodes.topic_path("t"))
+        assert data is not None
+        znode = znodes.TopicZNode.decode(data)
+        if znode.topic_id is None:
+            return False
+        assert znode.topic_id == znodes.decode_uuid("AAAAAAAAAAAAAAAAAAAAAQ"), znode.topic_id
+        return len(znode.partitions) == 5 and all(
+            s is not None and s.leader > 0 for s in h.states("t").values()
+        )
+
+    run(lambda: _at_every_write(Scenario(setup, rewrite, converged)))

@@ -78,6 +78,9 @@ class Controller:
         # Cluster view while active (rebuilt at every election).
         self._live: dict[int, int] = {}  # broker id -> broker epoch (czxid of its registration)
         self._topics: dict[str, znodes.TopicZNode] = {}
+        # The id each topic had when last read with one: an old tool that rewrites a topic znode
+        # without it (Kafka 2.x's format) gets the same id written back, not a new one.
+        self._topic_ids: dict[str, uuid.UUID] = {}
         self._with_state: dict[str, set[int]] = {}  # partitions whose state znode exists
         self._shutting_down: set[int] = set()
         # Reassigning partitions: a watch on each one's state, to finish when the targets are in sync.
@@ -270,6 +273,7 @@ class Controller:
             self._rebalance_task = None
         self._live.clear()
         self._topics.clear()
+        self._topic_ids.clear()
         self._with_state.clear()
         self._shutting_down.clear()
         self._reassignment_watches.clear()
@@ -443,6 +447,8 @@ class Controller:
             self._with_state.pop(topic, None)
             return None
         self._topics[topic] = znode
+        if znode.topic_id is not None:
+            self._topic_ids[topic] = znode.topic_id
         return znode, got[1].version
 
     async def _on_topics_changed(self) -> None:
@@ -452,6 +458,7 @@ class Controller:
         for topic in [t for t in self._topic_watches if t not in topics]:
             self._topic_watches.pop(topic).cancel()
             self._topics.pop(topic, None)
+            self._topic_ids.pop(topic, None)
             self._with_state.pop(topic, None)
         for topic in sorted(topics - set(self._topic_watches)):
             # The watch's first call queues the topic's event, which creates its partitions' states.
@@ -474,9 +481,10 @@ class Controller:
 
     async def _assign_topic_id(self, topic: str, znode: znodes.TopicZNode, version: int) -> None:
         """A topic znode without an id (Kafka 2.x's format, as its ``--zookeeper`` tools write it)
-        gets one, as Kafka 2.8+'s controller gives it: written back at the version read, so an id
-        another writer set meanwhile is kept (the topic's watch brings the new znode back here)."""
-        topic_id = uuid.uuid4()
+        gets one, as Kafka 2.8+'s controller gives it -- the id the topic had if this controller
+        knew one (an old tool rewrote the znode), else a new one: written back at the version read,
+        so an id another writer set meanwhile is kept (the topic's watch brings it back here)."""
+        topic_id = self._topic_ids.get(topic) or uuid.uuid4()
         new = replace(znode, topic_id=topic_id)
         try:
             await self._fenced().write([SetData(znodes.topic_path(topic), new.encode(), version)])
@@ -485,6 +493,7 @@ class Controller:
                 return
             raise
         self._topics[topic] = new
+        self._topic_ids[topic] = topic_id
         log.info(
             "topic id assigned",
             extra={"topic": topic, "topic_id": znodes.encode_uuid(topic_id), "controller_epoch": self._epoch},
@@ -607,6 +616,7 @@ class Controller:
         if topic in self._topic_watches:
             self._topic_watches.pop(topic).cancel()
         self._topics.pop(topic, None)
+        self._topic_ids.pop(topic, None)
         self._with_state.pop(topic, None)
         log.info("topic deleted", extra={"topic": topic, "controller_epoch": self._epoch})
 
