@@ -18,6 +18,7 @@ from kio.static.primitive import i32, i32Timedelta
 from cluster import Cluster
 from kafka_wire import KafkaWire
 from strom.broker.zk import znodes
+from strom.records.codec import RecordSpec, encode_batch
 
 pytestmark = pytest.mark.cluster
 
@@ -125,3 +126,19 @@ def test_reassignment_is_answered_per_partition(cluster: Cluster) -> None:
     assert errors["rb"] != ErrorCode.none, response
     cluster.wait_for(lambda: cluster.assignment("ra").get(0) == [2, 3], "ra reassigned", 30)
     assert cluster.assignment("rb").get(0) == [1, 2]
+
+
+def test_topic_written_without_an_id_gets_one_and_serves(cluster: Cluster) -> None:
+    """A topic created as Kafka 2.x's ``kafka-topics.sh --zookeeper`` creates it (no topic_id): the
+    controller gives it an id, its partitions get leaders, and it takes writes."""
+    zk = cluster.zk
+    zk.create(znodes.topic_path("legacy"), b'{"version":1,"partitions":{"0":[1,2,3],"1":[2,3,1]}}')
+    for p in (0, 1):
+        cluster.wait_for_leader("legacy", p)
+    data, _ = zk.get(znodes.topic_path("legacy"))
+    znode = znodes.TopicZNode.decode(data)
+    assert znode.topic_id is not None and znode.partitions == {0: [1, 2, 3], 1: [2, 3, 1]}
+    leader = cluster.wait_for_leader("legacy", 0).leader
+    broker = cluster.brokers[leader]
+    with KafkaWire(broker.host, broker.port) as wire:
+        assert wire.produce_ok("legacy", encode_batch([RecordSpec(key=None, value=b"x")])) == 0
