@@ -85,9 +85,9 @@ class FakeZooKeeperServer:
             n.mzxid,
         )
 
-    def _apply(self, nodes: dict[str, _Node], op: Op, session: int, changed: set[str]) -> Any:
-        """Apply one op to ``nodes`` (raising ZooKeeper's error); ``changed`` collects the paths whose
-        data or children changed."""
+    def _apply(self, nodes: dict[str, _Node], op: Op, session: int, changed: set[tuple[str, str]]) -> Any:
+        """Apply one op to ``nodes`` (raising ZooKeeper's error); ``changed`` collects what changed:
+        ("data", path) for a znode created, set or deleted, ("children", path) for its parent."""
         if isinstance(op, Check):
             if op.path not in nodes:
                 raise NoNodeError()
@@ -114,7 +114,7 @@ class FakeZooKeeperServer:
                 node.cversion,
                 set(node.children),
             )
-            changed.add(op.path)
+            changed.add(("data", op.path))
             return None  # the stat is filled in once the whole op list applied
         node = nodes.get(op.path)
         if node is None:
@@ -136,7 +136,7 @@ class FakeZooKeeperServer:
             parent.cversion + 1,
             parent.children - {_name(op.path)},
         )
-        changed |= {op.path, _parent(op.path)}
+        changed |= {("data", op.path), ("children", _parent(op.path))}
         return True
 
     def _create(
@@ -147,7 +147,7 @@ class FakeZooKeeperServer:
         ephemeral: bool,
         sequence: bool,
         session: int,
-        changed: set[str],
+        changed: set[tuple[str, str]],
     ) -> str:
         parent_path = _parent(path)
         parent = nodes.get(parent_path)
@@ -173,13 +173,13 @@ class FakeZooKeeperServer:
             parent.cversion + 1,
             parent.children | {_name(path)},
         )
-        changed |= {path, parent_path}
+        changed |= {("data", path), ("children", parent_path)}
         return path
 
     def commit(self, ops: Sequence[Op], session: int) -> list[Any]:
         """Apply ``ops`` all or none; raises MultiOpFailed as AsyncZooKeeper.multi does."""
         nodes = dict(self.nodes)
-        changed: set[str] = set()
+        changed: set[tuple[str, str]] = set()
         results: list[Any] = []
         for index, op in enumerate(ops):
             try:
@@ -194,7 +194,7 @@ class FakeZooKeeperServer:
         return results
 
     def single(self, op: Op, session: int, sequence: bool = False) -> Any:
-        changed: set[str] = set()
+        changed: set[tuple[str, str]] = set()
         if isinstance(op, Create):
             result: Any = self._create(self.nodes, op.path, op.data, op.ephemeral, sequence, session, changed)
         else:
@@ -204,14 +204,14 @@ class FakeZooKeeperServer:
         self._changed(changed)
         return result
 
-    def _changed(self, paths: set[str]) -> None:
+    def _changed(self, paths: set[tuple[str, str]]) -> None:
         for session in list(self.sessions.values()):
             session.notify(paths)
 
     def close_session(self, session_id: int) -> None:
         """The session ends: its ephemeral znodes go (watchers see it)."""
         self.sessions.pop(session_id, None)
-        changed: set[str] = set()
+        changed: set[tuple[str, str]] = set()
         for path in sorted(
             (p for p, n in self.nodes.items() if n.ephemeral_owner == session_id), reverse=True
         ):
@@ -408,13 +408,11 @@ class FakeZooKeeper:
         self._deliver(watcher)
         return watcher.watch
 
-    def notify(self, changed: set[str]) -> None:
+    def notify(self, changed: set[tuple[str, str]]) -> None:
         for watcher in self._watchers:
             if watcher.pending or watcher.watch.cancelled:
                 continue
-            if (watcher.kind == "data" and watcher.path in changed) or (
-                watcher.kind == "children" and watcher.path in changed
-            ):
+            if (watcher.kind, watcher.path) in changed:
                 watcher.pending = True
                 asyncio.get_running_loop().call_soon(self._deliver, watcher)
 
