@@ -3,7 +3,9 @@
 Any broker answers (Kafka forwards to its controller; here every broker writes ZooKeeper). A
 reassignment is validated as Kafka's controller validates a manual assignment, then written to
 /admin/reassign_partitions; the controller starts it (KIP-455's adding/removing replicas in the
-topic znode) and deletes the request, which the broker waits for within the request's timeout. A
+topic znode) and deletes the request once every partition of it has started, which the broker
+waits for within the request's timeout; each partition is then answered by what its topic znode
+says (the controller skips a partition it cannot reassign, e.g. of a topic deleted meanwhile). A
 cancellation (null replicas) asks the controller for the partition's original replicas (those it
 had before the reassignment began: the current replicas without the adding ones). The listing
 reads the topic znodes' adding/removing fields. On a single node no reassignment can be in
@@ -107,6 +109,31 @@ async def _submit(ctx: RequestContext, requests: list[znodes.PartitionReplicas],
     return ErrorCode.none, None
 
 
+async def _started(ctx: RequestContext, request: znodes.PartitionReplicas) -> Outcome:
+    """The answer for a partition whose request the controller consumed: started (or done) when its
+    topic znode's target replicas are the ones asked for."""
+    try:
+        znode = await _topic_znode(ctx, request.topic)
+    except KazooException as e:
+        return ErrorCode.request_timed_out, f"ZooKeeper: {e!r}"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        znode = None
+    current = znode.partitions.get(request.partition) if znode is not None else None
+    if znode is None or current is None:
+        return (
+            ErrorCode.unknown_topic_or_partition,
+            f"Unable to find partition {request.topic}:{request.partition}.",
+        )
+    removing = znode.removing_replicas.get(request.partition, [])
+    if [b for b in current if b not in removing] == request.replicas:
+        return ErrorCode.none, None
+    return (
+        ErrorCode.unknown_server_error,
+        f"The controller did not start the reassignment of {request.topic}:{request.partition} "
+        f"to {request.replicas}; its replicas are {current}",
+    )
+
+
 async def _decide(
     ctx: RequestContext, topic: str, partition: int, replicas: list[int] | None, allow_rf_change: bool
 ) -> tuple[Outcome | None, list[int] | None]:
@@ -155,7 +182,8 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, request: Any
     if to_submit:
         submitted = await _submit(ctx, to_submit, max(0.0, to_ms(request.timeout) / 1000))
         for request_ in to_submit:
-            outcomes[(request_.topic, request_.partition)] = submitted
+            key = (request_.topic, request_.partition)
+            outcomes[key] = await _started(ctx, request_) if submitted[0] == ErrorCode.none else submitted
     responses = tuple(
         build(
             r.ReassignableTopicResponse,

@@ -1,37 +1,42 @@
-"""The cluster controller on ZooKeeper (Kafka's pre-KRaft KafkaController, without its RPCs).
-
-One broker at a time wins the ephemeral ``/controller`` znode, bumping ``/controller_epoch`` in
-the same multi-op. Every write it makes afterwards is a multi-op that starts with
-``Check(/controller_epoch, version)``: a controller that another one has replaced fails that check
-and resigns, so two controllers never both change the cluster. As in Kafka 4.x there are no
-controller-to-broker requests: the controller writes partition state znodes, and brokers watch
-them and apply them in epoch order.
-
-All decisions run one at a time on a single event task (Kafka's ControllerEventManager): ZooKeeper
-watches only put events on the queue. No decision trusts a cache of partition states -- leaders
-change their ISR by conditional writes at any time -- so every change re-reads the state znode and
-writes it at the version read, deciding again after a BadVersion.
-"""
+"""The controller's duties, in the broker that holds /controller: its election and resignation,
+and what it does for every event -- broker membership, new topics and partitions, deletions,
+controlled shutdowns, reassignments, preferred leader elections, config change purges. Every event
+recomputes from ZooKeeper what it acts on, so running it again after a failure half-way (or twice)
+finishes the job."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from functools import partial
-from typing import Any
 
 from kazoo.exceptions import BadVersionError, KazooException, SessionExpiredError
 
+from strom.broker.cluster.controller.decisions import (
+    NO_LEADER,
+    decide_controlled_shutdown,
+    decide_on_membership,
+    decide_preferred_leader,
+    first,
+    initial_leader_and_isr,
+)
+from strom.broker.cluster.controller.events import EventQueue, Handler, retry_backoff
+from strom.broker.cluster.controller.requests import ControlledShutdownReport
+from strom.broker.cluster.controller.writer import (
+    PARSE_ERRORS,
+    ControllerMovedError,
+    FencedWriter,
+    UnparseableZnodes,
+)
 from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
 from strom.broker.zk.client import (
     AsyncZooKeeper,
-    Check,
     Create,
     Delete,
     MultiOpFailed,
@@ -43,294 +48,14 @@ from strom.broker.zk.client import (
     ZnodeStat,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("strom.broker.cluster.controller")
 
 # New partition states written in one multi-op (3 small znodes each: well below ZooKeeper's 1 MiB
 # request limit, jute.maxbuffer).
 _STATES_PER_WRITE = 500
-
-__all__ = [
-    "ControlledShutdownReport",
-    "Controller",
-    "decide_controlled_shutdown",
-    "decide_on_membership",
-    "decide_preferred_leader",
-    "initial_leader_and_isr",
-    "request_controlled_shutdown",
-    "request_preferred_leader_election",
-]
-
-NO_LEADER = -1
 UNCLEAN_KEY = "unclean.leader.election.enable"
-# A controlled-shutdown request not answered "done" within this long is made anew, so that a
-# request that raced a controller change or an ISR expansion is looked at again.
-_SHUTDOWN_RETRY_S = 2.0
-_RETRY_BACKOFF_MIN_S = 0.2
-_RETRY_BACKOFF_MAX_S = 5.0
-
-
-class ControllerMovedError(Exception):
-    """This broker is no longer the controller: a write failed the epoch check, or its session
-    changed since it was elected."""
-
-
-# -- decisions (pure: the current state and the cluster's membership in, the new state out) --------
-
-
-def _first(candidates: Iterable[int], preferred_out: set[int]) -> int | None:
-    """The first of ``candidates`` not in ``preferred_out``, else the first of them at all."""
-    ordered = list(candidates)
-    return next((b for b in ordered if b not in preferred_out), ordered[0] if ordered else None)
-
-
-def initial_leader_and_isr(
-    replicas: Sequence[int], live: set[int], controller_epoch: int
-) -> znodes.LeaderAndIsr:
-    """A new partition: the live replicas in assignment order are the ISR, the first leads. With no
-    replica live the partition starts offline with the whole assignment as its ISR (never empty), so
-    whichever replica registers first is elected."""
-    isr = [b for b in replicas if b in live]
-    if not isr:
-        return znodes.LeaderAndIsr(NO_LEADER, 0, list(replicas), controller_epoch)
-    return znodes.LeaderAndIsr(isr[0], 0, isr, controller_epoch)
-
-
-def decide_on_membership(
-    replicas: Sequence[int],
-    state: znodes.LeaderAndIsr,
-    live: set[int],
-    shutting_down: set[int],
-    unclean: bool,
-    controller_epoch: int,
-) -> znodes.LeaderAndIsr | None:
-    """The state after brokers died or (re)joined, or None if nothing changes.
-
-    A live leader keeps leading; dead followers leave the ISR. A dead (or no) leader is replaced by
-    the first replica in assignment order that is live and in the ISR; the ISR loses the dead. With
-    no such replica the partition goes offline (leader -1) and keeps its ISR, so a member of the last
-    ISR is elected when it comes back -- unless unclean election is on, which takes any live replica
-    (and makes it the ISR alone). Every change bumps the leader epoch; the ISR is never written empty.
-    """
-    live_isr = [b for b in state.isr if b in live]
-    if state.leader in live:
-        if live_isr == state.isr or not live_isr:
-            return None
-        return replace(
-            state, isr=live_isr, leader_epoch=state.leader_epoch + 1, controller_epoch=controller_epoch
-        )
-    leader = _first((b for b in replicas if b in live and b in state.isr), shutting_down)
-    if leader is not None:
-        return replace(
-            state,
-            leader=leader,
-            isr=live_isr,
-            leader_epoch=state.leader_epoch + 1,
-            controller_epoch=controller_epoch,
-        )
-    if unclean:
-        leader = _first((b for b in replicas if b in live), shutting_down)
-        if leader is not None:
-            return replace(
-                state,
-                leader=leader,
-                isr=[leader],
-                leader_epoch=state.leader_epoch + 1,
-                controller_epoch=controller_epoch,
-            )
-    if state.leader == NO_LEADER:
-        return None
-    return replace(
-        state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1, controller_epoch=controller_epoch
-    )
-
-
-def decide_controlled_shutdown(
-    replicas: Sequence[int],
-    state: znodes.LeaderAndIsr,
-    broker: int,
-    live: set[int],
-    shutting_down: set[int],
-    controller_epoch: int,
-) -> znodes.LeaderAndIsr | None:
-    """Kafka's ControlledShutdownLeaderElection: leadership moves from ``broker`` to the first replica
-    in assignment order that is live, in the ISR and not shutting down, and ``broker`` leaves the
-    ISR; where it only follows, it leaves an ISR that keeps another live member. None: no change
-    (nothing to move, or no replica to move leadership to)."""
-    if state.leader == broker:
-        isr = [b for b in state.isr if b != broker]
-        leader = next((b for b in replicas if b in live and b in isr and b not in shutting_down), None)
-        if leader is None:
-            return None
-        return replace(
-            state,
-            leader=leader,
-            isr=isr,
-            leader_epoch=state.leader_epoch + 1,
-            controller_epoch=controller_epoch,
-        )
-    if broker in state.isr and state.leader in live and state.leader != NO_LEADER:
-        isr = [b for b in state.isr if b != broker]
-        return replace(state, isr=isr, leader_epoch=state.leader_epoch + 1, controller_epoch=controller_epoch)
-    return None
-
-
-def decide_preferred_leader(
-    replicas: Sequence[int],
-    state: znodes.LeaderAndIsr,
-    live: set[int],
-    shutting_down: set[int],
-    controller_epoch: int,
-) -> znodes.LeaderAndIsr | None:
-    """The preferred replica (first of the assignment) leads again if it is live, in the ISR and not
-    shutting down; None if it leads already or cannot."""
-    if not replicas:
-        return None
-    preferred = replicas[0]
-    if (
-        state.leader == preferred
-        or preferred not in live
-        or preferred in shutting_down
-        or preferred not in state.isr
-    ):
-        return None
-    return replace(
-        state, leader=preferred, leader_epoch=state.leader_epoch + 1, controller_epoch=controller_epoch
-    )
-
-
-# -- controlled shutdown znode (/strom/controlled_shutdown/N) -------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ControlledShutdownReport:
-    """The JSON of /strom/controlled_shutdown/N.
-
-    The broker creates it (ephemeral) as ``{"version":1,"broker":N,"request_id":"<hex>"}``; the
-    controller answers in the same znode, keeping those fields and adding ``controller_epoch``,
-    ``leaders_remaining`` (partitions N still leads that another live replica could take over),
-    ``isr_remaining`` (partitions N follows in an ISR with other live members) and ``done``
-    (both are 0). The broker trusts only an answer carrying its own request id.
-    """
-
-    broker: int
-    request_id: str
-    controller_epoch: int = -1
-    leaders_remaining: int = -1
-    isr_remaining: int = -1
-    done: bool = False
-
-    def encode_request(self) -> bytes:
-        return json.dumps(
-            {"version": 1, "broker": self.broker, "request_id": self.request_id}, separators=(",", ":")
-        ).encode()
-
-    def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "version": 1,
-                "broker": self.broker,
-                "request_id": self.request_id,
-                "controller_epoch": self.controller_epoch,
-                "leaders_remaining": self.leaders_remaining,
-                "isr_remaining": self.isr_remaining,
-                "done": self.done,
-            },
-            separators=(",", ":"),
-        ).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> ControlledShutdownReport:
-        json_ = json.loads(data.decode("utf-8"))
-        return cls(
-            broker=int(json_["broker"]),
-            request_id=str(json_.get("request_id", "")),
-            controller_epoch=int(json_.get("controller_epoch", -1)),
-            leaders_remaining=int(json_.get("leaders_remaining", -1)),
-            isr_remaining=int(json_.get("isr_remaining", -1)),
-            done=bool(json_.get("done", False)),
-        )
-
-
-async def request_controlled_shutdown(zk: AsyncZooKeeper, broker_id: int, timeout_s: float) -> bool:
-    """Ask the controller to move leadership (and ISR membership) off ``broker_id``; True once it
-    reports that done, False after ``timeout_s``. The request znode is ephemeral (a broker that dies
-    meanwhile leaves none behind) and is always removed at the end."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    path = znodes.controlled_shutdown_path(broker_id)
-    await zk.ensure_path(znodes.CONTROLLED_SHUTDOWN)
-    try:
-        while True:
-            request = ControlledShutdownReport(broker_id, uuid.uuid4().hex)
-            with contextlib.suppress(NoNodeError):
-                await zk.delete(path)
-            await zk.create(path, request.encode_request(), ephemeral=True)
-            report = await _await_shutdown_report(
-                zk, path, request.request_id, min(_SHUTDOWN_RETRY_S, deadline - loop.time())
-            )
-            if report is not None:
-                return report.done
-            if loop.time() >= deadline:
-                return False
-    finally:
-        with contextlib.suppress(NoNodeError, KazooException):
-            await zk.delete(path)
-
-
-async def _await_shutdown_report(
-    zk: AsyncZooKeeper, path: str, request_id: str, timeout_s: float
-) -> ControlledShutdownReport | None:
-    """The controller's answer to request ``request_id`` (done, or what still holds the shutdown up,
-    as Kafka's ControlledShutdown response lists the partitions remaining); None if none came
-    within ``timeout_s``."""
-    answered: asyncio.Future[ControlledShutdownReport] = asyncio.get_running_loop().create_future()
-
-    def on_report(data: bytes | None, _stat: ZnodeStat | None) -> None:
-        if not data or answered.done():
-            return
-        with contextlib.suppress(ValueError, KeyError):
-            report = ControlledShutdownReport.decode(data)
-            if report.request_id == request_id and report.controller_epoch >= 0:
-                answered.set_result(report)
-
-    watch = await zk.watch_data(path, on_report)
-    try:
-        if timeout_s > 0:
-            with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(answered), timeout_s)
-    finally:
-        watch.cancel()
-    return answered.result() if answered.done() else None
-
-
-async def request_preferred_leader_election(
-    zk: AsyncZooKeeper, partitions: list[tuple[str, int]] | None, timeout_s: float = 30.0
-) -> None:
-    """Write /admin/preferred_replica_election as kafka-leader-election.sh does (None: every partition
-    of every topic). While an earlier election is pending the znode exists; wait for the controller
-    to finish it (TimeoutError after ``timeout_s``)."""
-    if partitions is None:
-        partitions = []
-        for topic in sorted(await zk.get_children(znodes.TOPICS)):
-            got = await zk.get_or_none(znodes.topic_path(topic))
-            if got is not None:
-                partitions += [(topic, p) for p in sorted(znodes.TopicZNode.decode(got[0]).partitions)]
-    data = znodes.encode_partition_list(partitions)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        try:
-            await zk.create(znodes.PREFERRED_REPLICA_ELECTION, data, makepath=True)
-            return
-        except NodeExistsError:
-            if loop.time() >= deadline:
-                raise TimeoutError("a preferred replica election is still in progress") from None
-            await asyncio.sleep(0.1)
-
-
-# -- the controller --------------------------------------------------------------------------------
-
-Event = tuple[str, Callable[[], Awaitable[None]]]
+# Kafka's ZkNodeChangeNotificationListener: change notifications older than this are purged.
+CONFIG_CHANGE_EXPIRATION_MS = 15 * 60 * 1000
 
 
 class Controller:
@@ -340,30 +65,37 @@ class Controller:
         self._zk = zk
         self._broker_id = broker_id
         self._config = config
-        self._events: asyncio.Queue[Event | None] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
+        self._events = EventQueue(self._on_event_failed, lambda: self._epoch)
         self._started = False
         self._stopped = False
         self._active = False
         self._epoch = -1
-        self._epoch_zk_version = -1
-        self._session_id = 0  # the session that won the election
+        self._writer: FencedWriter | None = None  # the writes of the term won
         self._controller_watch: Watch | None = None
         self._duty_watches: list[Watch] = []
         self._topic_watches: dict[str, Watch] = {}
-        self._timers: set[asyncio.TimerHandle] = set()
         self._rebalance_task: asyncio.Task[None] | None = None
         # Cluster view while active (rebuilt at every election).
         self._live: dict[int, int] = {}  # broker id -> broker epoch (czxid of its registration)
         self._topics: dict[str, znodes.TopicZNode] = {}
+        # The id each topic had when last read with one: an old tool that rewrites a topic znode
+        # without it (Kafka 2.x's format) gets the same id written back, not a new one.
+        self._topic_ids: dict[str, uuid.UUID] = {}
         self._with_state: dict[str, set[int]] = {}  # partitions whose state znode exists
         self._shutting_down: set[int] = set()
         # Reassigning partitions: a watch on each one's state, to finish when the targets are in sync.
         self._reassignment_watches: dict[tuple[str, int], Watch] = {}
+        # Znodes that could not be parsed (each logged once): skipped, everything else goes on.
+        self._unparseable = UnparseableZnodes()
 
     @property
     def active(self) -> bool:
         return self._active
+
+    @property
+    def unparseable_znodes(self) -> int:
+        """How many znodes the controller skips because it cannot parse them."""
+        return len(self._unparseable)
 
     @property
     def epoch(self) -> int:
@@ -376,74 +108,42 @@ class Controller:
             return
         self._started = True
         self._zk.add_session_listener(self._on_session_event)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"controller-{self._broker_id}")
-        self._enqueue("startup", self._startup)
+        self._events.start(f"controller-{self._broker_id}")
+        self._events.put("startup", self._startup)
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        for timer in self._timers:
-            timer.cancel()
-        self._timers.clear()
         if self._controller_watch is not None:
             self._controller_watch.cancel()
-        if self._task is not None:
-            self._events.put_nowait(None)
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
-            except TimeoutError:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+        await self._events.stop(5.0)
         with contextlib.suppress(KazooException, asyncio.CancelledError):
             await self._resign("stopped")
 
-    # -- the event loop ------------------------------------------------------------------------
+    # -- events ------------------------------------------------------------------------------
 
-    def _enqueue(self, name: str, handler: Callable[[], Awaitable[None]]) -> None:
-        if not self._stopped:
-            self._events.put_nowait((name, handler))
-
-    def _enqueue_later(self, delay: float, name: str, handler: Callable[[], Awaitable[None]]) -> None:
-        def fire() -> None:
-            self._timers.discard(timer)
-            self._enqueue(name, handler)
-
-        timer = asyncio.get_running_loop().call_later(delay, fire)
-        self._timers.add(timer)
-
-    async def _run(self) -> None:
-        failures: dict[str, int] = {}
-        while True:
-            event = await self._events.get()
-            if event is None or self._stopped:
-                return
-            name, handler = event
-            epoch = self._epoch
-            try:
-                await handler()
-                failures.pop(name, None)
-            except ControllerMovedError as e:
-                log.info(
-                    "controller fenced, resigning", extra={"broker_id": self._broker_id, "reason": str(e)}
-                )
-                await self._resign_safely("fenced")
-                self._enqueue("check-controller", self._check_controller)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                # ZooKeeper unreachable for a moment, most likely: every handler re-reads what it
-                # decides on, so running it again later is safe. A handler of an older term is dropped.
-                count = failures[name] = failures.get(name, 0) + 1
-                delay = min(_RETRY_BACKOFF_MAX_S, _RETRY_BACKOFF_MIN_S * 2 ** (count - 1))
-                log.warning(
-                    "controller event failed, retrying",
-                    extra={"event": name, "error": repr(e), "retry_in_s": delay},
-                    exc_info=count == 1 and not isinstance(e, KazooException),
-                )
-                if name in ("startup", "check-controller") or (self._active and self._epoch == epoch):
-                    self._enqueue_later(delay, name, handler)
+    async def _on_event_failed(
+        self, name: str, handler: Handler, error: Exception, failures: int, term: int
+    ) -> None:
+        if isinstance(error, ControllerMovedError):
+            log.info(
+                "controller fenced, resigning", extra={"broker_id": self._broker_id, "reason": str(error)}
+            )
+            await self._resign_safely("fenced")
+            self._events.put("check-controller", self._check_controller)
+            return
+        # ZooKeeper unreachable for a moment, most likely: every handler recomputes from ZooKeeper
+        # what it acts on, so running it again later finishes the job. A handler of an older term
+        # is dropped.
+        delay = retry_backoff(failures)
+        log.warning(
+            "controller event failed, retrying",
+            extra={"event": name, "error": repr(error), "retry_in_s": delay},
+            exc_info=failures == 1 and not isinstance(error, KazooException),
+        )
+        if name in ("startup", "check-controller") or (self._active and self._epoch == term):
+            self._events.put_later(delay, name, handler)
 
     # -- election ------------------------------------------------------------------------------
 
@@ -453,7 +153,7 @@ class Controller:
         await self._check_controller()
 
     def _on_controller_change(self, _data: bytes | None, _stat: ZnodeStat | None) -> None:
-        self._enqueue("check-controller", self._check_controller)
+        self._events.put("check-controller", self._check_controller)
 
     def _on_session_event(self, state: str) -> None:
         if state == SessionState.EXPIRED:
@@ -461,13 +161,13 @@ class Controller:
                 # Stop acting at once; the cleanup runs on the event task.
                 self._active = False
                 log.info("controller session expired, resigning", extra={"broker_id": self._broker_id})
-                self._enqueue("resign", self._resign_expired)
+                self._events.put("resign", self._resign_expired)
         elif state == SessionState.CONNECTED:
-            self._enqueue("check-controller", self._check_controller)
+            self._events.put("check-controller", self._check_controller)
             if self._active:
                 # A children watch re-established on the same children says nothing; a broker may
                 # have restarted (a new czxid) while this session was disconnected.
-                self._enqueue("broker-change", self._on_brokers_changed)
+                self._events.put("broker-change", self._on_brokers_changed)
 
     async def _check_controller(self) -> None:
         """Resign if /controller is no longer ours; contend if there is none."""
@@ -523,18 +223,17 @@ class Controller:
                 "lost controller election", extra={"broker_id": self._broker_id, "cause": repr(e.cause)}
             )
             if isinstance(e.cause, BadVersionError):
-                self._enqueue("check-controller", self._check_controller)
+                self._events.put("check-controller", self._check_controller)
             return
         self._epoch = epoch
-        self._epoch_zk_version = results[1].version
-        self._session_id = session_id
+        self._writer = FencedWriter(self._zk, epoch, results[1].version, session_id, self._unparseable)
         self._active = True
         log.info(
             "elected controller",
             extra={
                 "broker_id": self._broker_id,
                 "controller_epoch": epoch,
-                "epoch_zk_version": self._epoch_zk_version,
+                "epoch_zk_version": results[1].version,
             },
         )
         try:
@@ -574,6 +273,7 @@ class Controller:
             self._rebalance_task = None
         self._live.clear()
         self._topics.clear()
+        self._topic_ids.clear()
         self._with_state.clear()
         self._shutting_down.clear()
         self._reassignment_watches.clear()
@@ -583,97 +283,58 @@ class Controller:
                 extra={"broker_id": self._broker_id, "controller_epoch": self._epoch, "reason": reason},
             )
         self._epoch = -1
-        self._epoch_zk_version = -1
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         got = await self._zk.get_or_none(znodes.CONTROLLER)
         if got is not None and self._owns(got):
             with contextlib.suppress(NoNodeError, BadVersionError):
                 await self._zk.delete(znodes.CONTROLLER, got[1].version)
 
-    # -- fenced writes -------------------------------------------------------------------------
-
-    async def _write(self, ops: Sequence[Create | SetData | Delete]) -> list[Any]:
-        """``ops`` in one multi-op after Check(/controller_epoch, our version). Raises
-        ControllerMovedError when fenced, MultiOpFailed (index into ``ops``) for other failures."""
-        if not self._active or self._zk.session_id != self._session_id:
-            raise ControllerMovedError("not the controller of this session")
-        try:
-            return (await self._zk.multi([Check(znodes.CONTROLLER_EPOCH, self._epoch_zk_version), *ops]))[1:]
-        except MultiOpFailed as e:
-            if e.index == 0:
-                raise ControllerMovedError(f"controller epoch check failed: {type(e.cause).__name__}") from e
-            raise MultiOpFailed(e.index - 1, e.op, e.cause) from e
-
-    async def _update_state(
-        self,
-        topic: str,
-        partition: int,
-        decide: Callable[[znodes.LeaderAndIsr], znodes.LeaderAndIsr | None],
-        why: str,
-    ) -> znodes.LeaderAndIsr | None:
-        """Read the partition's state, ``decide`` the new one, write it at the version read; after a
-        BadVersion (the leader changed its ISR meanwhile) read and decide again. Returns the state
-        now in ZooKeeper (None: no such partition)."""
-        path = znodes.partition_state_path(topic, partition)
-        while True:
-            got = await self._zk.get_or_none(path)
-            if got is None:
-                return None
-            current = znodes.LeaderAndIsr.decode(got[0])
-            new = decide(current)
-            if new is None:
-                return current
-            try:
-                await self._write([SetData(path, new.encode(), got[1].version)])
-            except MultiOpFailed as e:
-                if isinstance(e.cause, BadVersionError):
-                    continue
-                if isinstance(e.cause, NoNodeError):
-                    return None
-                raise
-            log_ = log.info if new.leader != current.leader else log.debug
-            log_(
-                "partition state changed",
-                extra={
-                    "topic": topic,
-                    "partition": partition,
-                    "reason": why,
-                    "leader": new.leader,
-                    "previous_leader": current.leader,
-                    "leader_epoch": new.leader_epoch,
-                    "isr": new.isr,
-                    "controller_epoch": self._epoch,
-                },
-            )
-            return new
+    def _fenced(self) -> FencedWriter:
+        """The writer of this term; ControllerMovedError once it is over."""
+        if not self._active or self._writer is None:
+            raise ControllerMovedError("not the controller")
+        return self._writer
 
     # -- becoming controller -------------------------------------------------------------------
 
     async def _on_become_controller(self) -> None:
-        for path in (znodes.BROKER_IDS, znodes.TOPICS, znodes.DELETE_TOPICS, znodes.CONTROLLED_SHUTDOWN):
+        for path in (
+            znodes.BROKER_IDS,
+            znodes.TOPICS,
+            znodes.DELETE_TOPICS,
+            znodes.CONTROLLED_SHUTDOWN,
+            znodes.CONFIG_CHANGES,
+        ):
             await self._zk.ensure_path(path)
-        await self._read_live_brokers()
+        self._live = await self._read_live_brokers()
         for topic in await self._zk.get_children(znodes.TOPICS):
             await self._read_topic(topic)
         # Brokers may have come and gone while there was no controller: bring every partition in
         # line with today's membership, and create the states a previous controller left missing.
         await self._create_missing_states(list(self._topics))
-        await self._reconcile(self._all_partitions(), "controller failover")
+        await self._reconcile(self._all_partitions(), "controller failover", set(self._live))
         self._duty_watches += [
             await self._zk.watch_children(
-                znodes.BROKER_IDS, lambda _: self._enqueue("broker-change", self._on_brokers_changed)
+                znodes.BROKER_IDS, lambda _: self._events.put("broker-change", self._on_brokers_changed)
             ),
             await self._zk.watch_children(
-                znodes.TOPICS, lambda _: self._enqueue("topics-change", self._on_topics_changed)
+                znodes.TOPICS, lambda _: self._events.put("topics-change", self._on_topics_changed)
             ),
             await self._zk.watch_children(
-                znodes.DELETE_TOPICS, lambda _: self._enqueue("topic-deletion", self._on_topic_deletion)
+                znodes.DELETE_TOPICS, lambda _: self._events.put("topic-deletion", self._on_topic_deletion)
             ),
             await self._zk.watch_children(
                 znodes.CONTROLLED_SHUTDOWN,
-                lambda _: self._enqueue("controlled-shutdown", self._on_controlled_shutdown),
+                lambda _: self._events.put("controlled-shutdown", self._on_controlled_shutdown),
             ),
             await self._zk.watch_data(znodes.PREFERRED_REPLICA_ELECTION, self._on_preferred_election_znode),
             await self._zk.watch_data(znodes.REASSIGN_PARTITIONS, self._on_reassignment_znode),
+            await self._zk.watch_children(
+                znodes.CONFIG_CHANGES,
+                lambda _: self._events.put("config-change-purge", self._purge_config_changes),
+            ),
         ]
         await self._on_topics_changed()
         # Reassignments a previous controller left in progress (KIP-455: the topic znodes hold them).
@@ -693,13 +354,16 @@ class Controller:
             stat = await self._zk.exists(znodes.broker_path(int(child)))
             if stat is not None:
                 live[int(child)] = stat.czxid
-        self._live = live
         return live
 
     async def _on_brokers_changed(self) -> None:
+        """Bring the partitions of every broker that died, restarted or joined in line with the
+        registrations in ZooKeeper. ``_live`` is the membership the partitions were last brought in
+        line with, and it moves only once they are: an event that fails half-way (or a duplicate)
+        finds the same difference again and finishes the job."""
         if not self._active:
             return
-        before = dict(self._live)
+        before = self._live
         after = await self._read_live_brokers()
         dead = {b for b in before if b not in after}
         restarted = {b for b in before if b in after and after[b] != before[b]}
@@ -720,11 +384,12 @@ class Controller:
             # A restarted broker lost whatever it had not flushed: it fails first (it leaves every
             # ISR and gives up leadership), then joins as new.
             gone = dead | restarted
-            await self._reconcile(self._partitions_of(gone), "broker failure", live=set(after) - restarted)
+            await self._reconcile(self._partitions_of(gone), "broker failure", set(after) - restarted)
         if joined or restarted:
-            await self._reconcile(self._partitions_of(joined | restarted), "broker startup")
-        # Partitions created while no replica was live wait for one in their ISR: they are among the
-        # partitions of the brokers that joined.
+            # Partitions created while no replica was live wait for one in their ISR: they are among
+            # the partitions of the brokers that joined.
+            await self._reconcile(self._partitions_of(joined | restarted), "broker startup", set(after))
+        self._live = after
 
     def _partitions_of(self, brokers: set[int]) -> list[tuple[str, int]]:
         return [
@@ -737,10 +402,7 @@ class Controller:
     def _all_partitions(self) -> list[tuple[str, int]]:
         return [(topic, p) for topic, znode in self._topics.items() for p in znode.partitions]
 
-    async def _reconcile(
-        self, partitions: list[tuple[str, int]], why: str, live: set[int] | None = None
-    ) -> None:
-        live_now = set(self._live) if live is None else live
+    async def _reconcile(self, partitions: list[tuple[str, int]], why: str, live: set[int]) -> None:
         unclean_cache: dict[str, bool] = {}
         for topic, partition in sorted(partitions):
             replicas = self._topics[topic].partitions.get(partition, []) if topic in self._topics else []
@@ -751,32 +413,43 @@ class Controller:
             decide = partial(
                 decide_on_membership,
                 replicas,
-                live=live_now,
+                live=live,
                 shutting_down=self._shutting_down,
                 unclean=unclean_cache[topic],
                 controller_epoch=self._epoch,
             )
-            await self._update_state(topic, partition, decide, why)
+            await self._fenced().update_state(topic, partition, decide, why)
 
     async def _unclean_allowed(self, topic: str) -> bool:
         """unclean.leader.election.enable of the topic (its /config/topics override), else the broker's."""
-        got = await self._zk.get_or_none(znodes.topic_config_path(topic))
-        override = znodes.EntityConfigZNode.decode(got[0] if got else None).config.get(UNCLEAN_KEY)
+        path = znodes.topic_config_path(topic)
+        got = await self._zk.get_or_none(path)
+        try:
+            override = znodes.EntityConfigZNode.decode(got[0] if got else None).config.get(UNCLEAN_KEY)
+        except PARSE_ERRORS as e:
+            self._unparseable.skip(path, e)
+            override = None
+        else:
+            self._unparseable.parsed(path)
         if override is not None:
             return override.strip().lower() == "true"
         return bool(self._config.unclean_leader_election_enable)
 
     # -- topics ----------------------------------------------------------------------------------
 
-    async def _read_topic(self, topic: str) -> znodes.TopicZNode | None:
+    async def _read_topic(self, topic: str) -> tuple[znodes.TopicZNode, int] | None:
+        """The topic's znode and its version; None (and out of the controller's view) when it is gone
+        or cannot be parsed -- skipped, never taken for deleted: only a deletion request deletes."""
         got = await self._zk.get_or_none(znodes.topic_path(topic))
-        if got is None or not got[0]:
+        znode = self._unparseable.topic(topic, got[0]) if got is not None and got[0] else None
+        if got is None or znode is None:
             self._topics.pop(topic, None)
             self._with_state.pop(topic, None)
             return None
-        znode = znodes.TopicZNode.decode(got[0])
         self._topics[topic] = znode
-        return znode
+        if znode.topic_id is not None:
+            self._topic_ids[topic] = znode.topic_id
+        return znode, got[1].version
 
     async def _on_topics_changed(self) -> None:
         if not self._active:
@@ -785,6 +458,7 @@ class Controller:
         for topic in [t for t in self._topic_watches if t not in topics]:
             self._topic_watches.pop(topic).cancel()
             self._topics.pop(topic, None)
+            self._topic_ids.pop(topic, None)
             self._with_state.pop(topic, None)
         for topic in sorted(topics - set(self._topic_watches)):
             # The watch's first call queues the topic's event, which creates its partitions' states.
@@ -793,14 +467,37 @@ class Controller:
             )
 
     def _on_topic_znode(self, topic: str, _data: bytes | None, _stat: ZnodeStat | None) -> None:
-        self._enqueue("topic-change", partial(self._on_topic_changed, topic))
+        self._events.put("topic-change", partial(self._on_topic_changed, topic))
 
     async def _on_topic_changed(self, topic: str) -> None:
         if not self._active:
             return
-        if await self._read_topic(topic) is None:
+        read = await self._read_topic(topic)
+        if read is None:
             return
+        if read[0].topic_id is None:
+            await self._assign_topic_id(topic, *read)
         await self._create_missing_states([topic])
+
+    async def _assign_topic_id(self, topic: str, znode: znodes.TopicZNode, version: int) -> None:
+        """A topic znode without an id (Kafka 2.x's format, as its ``--zookeeper`` tools write it)
+        gets one, as Kafka 2.8+'s controller gives it -- the id the topic had if this controller
+        knew one (an old tool rewrote the znode), else a new one: written back at the version read,
+        so an id another writer set meanwhile is kept (the topic's watch brings it back here)."""
+        topic_id = self._topic_ids.get(topic) or uuid.uuid4()
+        new = replace(znode, topic_id=topic_id)
+        try:
+            await self._fenced().write([SetData(znodes.topic_path(topic), new.encode(), version)])
+        except MultiOpFailed as e:
+            if isinstance(e.cause, (BadVersionError, NoNodeError)):
+                return
+            raise
+        self._topics[topic] = new
+        self._topic_ids[topic] = topic_id
+        log.info(
+            "topic id assigned",
+            extra={"topic": topic, "topic_id": znodes.encode_uuid(topic_id), "controller_epoch": self._epoch},
+        )
 
     async def _create_missing_states(self, topics: list[str]) -> None:
         live = set(self._live)
@@ -851,7 +548,7 @@ class Controller:
         topic is gone), or None when one of them exists already (the caller goes one by one)."""
         ops, states = await self._state_creation_ops(topic, partitions, live)
         try:
-            await self._write(ops)
+            await self._fenced().write(ops)
         except MultiOpFailed as e:
             if isinstance(e.cause, NodeExistsError):
                 return None
@@ -869,7 +566,7 @@ class Controller:
             return True
         ops, states = await self._state_creation_ops(topic, [(partition, replicas)], live)
         try:
-            await self._write(ops)
+            await self._fenced().write(ops)
         except MultiOpFailed as e:
             if isinstance(e.cause, NodeExistsError):
                 return await self._zk.exists(state_path) is not None
@@ -910,15 +607,16 @@ class Controller:
             ops.append(Delete(znodes.topic_config_path(topic)))
         ops.append(Delete(znodes.delete_topic_path(topic)))
         try:
-            await self._write(ops)
+            await self._fenced().write(ops)
         except MultiOpFailed:
             # The tree changed while it was read (a partition being created, the request withdrawn):
             # look again.
-            self._enqueue_later(_RETRY_BACKOFF_MIN_S, "topic-deletion", self._on_topic_deletion)
+            self._events.put_later(retry_backoff(1), "topic-deletion", self._on_topic_deletion)
             return
         if topic in self._topic_watches:
             self._topic_watches.pop(topic).cancel()
         self._topics.pop(topic, None)
+        self._topic_ids.pop(topic, None)
         self._with_state.pop(topic, None)
         log.info("topic deleted", extra={"topic": topic, "controller_epoch": self._epoch})
 
@@ -962,7 +660,7 @@ class Controller:
                 shutting_down=self._shutting_down,
                 controller_epoch=self._epoch,
             )
-            state = await self._update_state(topic, partition, decide, "controlled shutdown")
+            state = await self._fenced().update_state(topic, partition, decide, "controlled shutdown")
             if state is None:
                 continue
             others = [b for b in replicas if b != broker and b in live and b not in self._shutting_down]
@@ -988,17 +686,19 @@ class Controller:
             extra={"broker": broker, "leaders_remaining": leaders_remaining, "isr_remaining": isr_remaining},
         )
         with contextlib.suppress(MultiOpFailed):  # the request was withdrawn or made anew meanwhile
-            await self._write([SetData(path, report.encode(), got[1].version)])
+            await self._fenced().write([SetData(path, report.encode(), got[1].version)])
 
     # -- partition reassignment (KIP-455 in the topic znode) -------------------------------------
 
     def _on_reassignment_znode(self, data: bytes | None, _stat: ZnodeStat | None) -> None:
         if data is not None:
-            self._enqueue("reassignment", self._on_reassignment_request)
+            self._events.put("reassignment", self._on_reassignment_request)
 
     async def _on_reassignment_request(self) -> None:
         """Start every reassignment of /admin/reassign_partitions, then delete it: from then on the
-        topic znodes (replicas with adding_replicas/removing_replicas) hold the reassignments."""
+        topic znodes (replicas with adding_replicas/removing_replicas) hold the reassignments. The
+        request goes only once every partition of it has started (or cannot be), so a failure half-way
+        leaves it for the retry; starting a partition again is a no-op."""
         if not self._active:
             return
         got = await self._zk.get_or_none(znodes.REASSIGN_PARTITIONS)
@@ -1006,67 +706,90 @@ class Controller:
             return
         try:
             requests = znodes.decode_reassignment(got[0])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a malformed partition reassignment request")
+        except PARSE_ERRORS as e:
+            self._unparseable.skip(znodes.REASSIGN_PARTITIONS, e)
             requests = []
         for request in requests:
             await self._start_reassignment(request.topic, request.partition, request.replicas)
-        with contextlib.suppress(MultiOpFailed):
-            await self._write([Delete(znodes.REASSIGN_PARTITIONS, got[1].version)])
+        with contextlib.suppress(MultiOpFailed):  # a new request replaced it meanwhile: its own event
+            await self._fenced().write([Delete(znodes.REASSIGN_PARTITIONS, got[1].version)])
 
     async def _start_reassignment(self, topic: str, partition: int, target: list[int]) -> None:
         """Kafka's phase one: replicas = target + original (new replicas start following), adding =
-        target - original, removing = original - target; the leader epoch moves so the leader knows."""
-        got = await self._zk.get_or_none(znodes.topic_path(topic))
-        if got is None or not target or len(set(target)) != len(target):
-            log.warning(
-                "ignoring a reassignment", extra={"topic": topic, "partition": partition, "replicas": target}
+        target - original, removing = original - target; the leader epoch moves in the same write so
+        the leader knows. After a BadVersion (the topic or the partition's state changed meanwhile)
+        read and decide again."""
+        while True:
+            topic_got = await self._zk.get_or_none(znodes.topic_path(topic))
+            znode = self._unparseable.topic(topic, topic_got[0]) if topic_got is not None else None
+            current = znode.partitions.get(partition) if znode is not None else None
+            if (
+                topic_got is None
+                or znode is None
+                or current is None
+                or not target
+                or len(set(target)) != len(target)
+            ):
+                log.warning(
+                    "ignoring a reassignment",
+                    extra={"topic": topic, "partition": partition, "replicas": target},
+                )
+                return
+            adding_now = znode.adding_replicas.get(partition, [])
+            original = [b for b in current if b not in adding_now]  # a reassignment in progress is replaced
+            replicas = target + [b for b in original if b not in target]
+            adding = [b for b in target if b not in original]
+            removing = [b for b in original if b not in target]
+            new = replace(
+                znode,
+                partitions={**znode.partitions, partition: replicas},
+                adding_replicas=_with(znode.adding_replicas, partition, adding),
+                removing_replicas=_with(znode.removing_replicas, partition, removing),
             )
-            return
-        znode = znodes.TopicZNode.decode(got[0])
-        current = znode.partitions.get(partition)
-        if current is None:
-            return
-        adding_now = znode.adding_replicas.get(partition, [])
-        original = [b for b in current if b not in adding_now]  # a reassignment in progress is replaced
-        replicas = target + [b for b in original if b not in target]
-        adding = [b for b in target if b not in original]
-        removing = [b for b in original if b not in target]
-        new = znodes.TopicZNode(
-            znode.topic_id,
-            {**znode.partitions, partition: replicas},
-            _with(znode.adding_replicas, partition, adding),
-            _with(znode.removing_replicas, partition, removing),
-        )
-        try:
-            await self._write([SetData(znodes.topic_path(topic), new.encode(), got[1].version)])
-        except MultiOpFailed:
-            self._enqueue_later(_RETRY_BACKOFF_MIN_S, "reassignment", self._on_reassignment_request)
-            return
-        self._topics[topic] = new
-        log.info(
-            "partition reassignment started",
-            extra={
-                "topic": topic,
-                "partition": partition,
-                "replicas": replicas,
-                "adding": adding,
-                "removing": removing,
-            },
-        )
-        await self._update_state(
-            topic,
-            partition,
-            lambda s: replace(s, leader_epoch=s.leader_epoch + 1, controller_epoch=self._epoch),
-            "reassignment started",
-        )
+            if new == znode:
+                break  # started already (a retried request)
+            ops: list[Create | SetData | Delete] = [
+                SetData(znodes.topic_path(topic), new.encode(), topic_got[1].version)
+            ]
+            state_path = znodes.partition_state_path(topic, partition)
+            state_got = await self._zk.get_or_none(state_path)
+            state = self._unparseable.state(state_path, state_got[0]) if state_got is not None else None
+            if state_got is not None and state is not None:
+                # A replica the reassignment no longer names (a cancelled one's additions) leaves
+                # the ISR, unless it leads or nothing else is left in it.
+                isr = [b for b in state.isr if b in replicas]
+                bumped = replace(
+                    state,
+                    isr=isr if isr and (state.leader in isr or state.leader == NO_LEADER) else state.isr,
+                    leader_epoch=state.leader_epoch + 1,
+                    controller_epoch=self._epoch,
+                )
+                ops.append(SetData(state_path, bumped.encode(), state_got[1].version))
+            try:
+                await self._fenced().write(ops)
+            except MultiOpFailed as e:
+                if isinstance(e.cause, (BadVersionError, NoNodeError)):
+                    continue
+                raise
+            self._topics[topic] = new
+            log.info(
+                "partition reassignment started",
+                extra={
+                    "topic": topic,
+                    "partition": partition,
+                    "replicas": replicas,
+                    "adding": adding,
+                    "removing": removing,
+                },
+            )
+            break
         await self._watch_reassignment(topic, partition)
 
     async def _watch_reassignment(self, topic: str, partition: int) -> None:
         key = (topic, partition)
         if key in self._reassignment_watches:
             # Its state may already be in sync: look now, as the watch's first call would.
-            self._enqueue("reassignment-progress", partial(self._complete_reassignment, topic, partition))
+            self._events.put("reassignment-progress", partial(self._complete_reassignment, topic, partition))
             return
         self._reassignment_watches[key] = await self._zk.watch_data(
             znodes.partition_state_path(topic, partition),
@@ -1076,7 +799,7 @@ class Controller:
     def _on_reassigning_state(
         self, topic: str, partition: int, _data: bytes | None, _stat: ZnodeStat | None
     ) -> None:
-        self._enqueue("reassignment-progress", partial(self._complete_reassignment, topic, partition))
+        self._events.put("reassignment-progress", partial(self._complete_reassignment, topic, partition))
 
     async def _complete_reassignment(self, topic: str, partition: int) -> None:
         """Kafka's phase two, once every target replica is in the ISR: the leader moves into the
@@ -1084,27 +807,33 @@ class Controller:
         if not self._active:
             return
         topic_got = await self._zk.get_or_none(znodes.topic_path(topic))
-        state_got = await self._zk.get_or_none(znodes.partition_state_path(topic, partition))
-        znode = znodes.TopicZNode.decode(topic_got[0]) if topic_got else None
+        state_path = znodes.partition_state_path(topic, partition)
+        state_got = await self._zk.get_or_none(state_path)
+        znode = self._unparseable.topic(topic, topic_got[0]) if topic_got else None
+        state = self._unparseable.state(state_path, state_got[0]) if state_got else None
         if (
             topic_got is None
-            or znode is None
             or state_got is None
-            or (partition not in znode.adding_replicas and partition not in znode.removing_replicas)
+            or (
+                znode is not None
+                and partition not in znode.adding_replicas
+                and partition not in znode.removing_replicas
+            )
         ):
             watch = self._reassignment_watches.pop((topic, partition), None)
             if watch is not None:
                 watch.cancel()
             return
+        if znode is None or state is None:
+            return  # skipped while it cannot be parsed; its watch calls again when it changes
         removing = znode.removing_replicas.get(partition, [])
-        target = [b for b in znode.partitions[partition] if b not in removing]
-        state = znodes.LeaderAndIsr.decode(state_got[0])
+        target = [b for b in znode.partitions.get(partition, []) if b not in removing]
         live = set(self._live)
         if not set(target) <= set(state.isr):
             return  # not in sync yet: the next ISR change calls again
         leader: int | None = state.leader
         if leader not in target or leader not in live:
-            leader = _first((b for b in target if b in live and b in state.isr), self._shutting_down)
+            leader = first((b for b in target if b in live and b in state.isr), self._shutting_down)
             if leader is None:
                 return  # no target replica alive: wait for one (a broker change brings this back)
         new_state = replace(
@@ -1121,7 +850,7 @@ class Controller:
             _with(znode.removing_replicas, partition, []),
         )
         try:
-            await self._write(
+            await self._fenced().write(
                 [
                     SetData(
                         znodes.partition_state_path(topic, partition),
@@ -1133,7 +862,7 @@ class Controller:
             )
         except MultiOpFailed:
             # The leader changed the ISR or the topic changed meanwhile: decide again.
-            self._enqueue("reassignment-progress", partial(self._complete_reassignment, topic, partition))
+            self._events.put("reassignment-progress", partial(self._complete_reassignment, topic, partition))
             return
         self._topics[topic] = new_znode
         watch = self._reassignment_watches.pop((topic, partition), None)
@@ -1144,11 +873,31 @@ class Controller:
             extra={"topic": topic, "partition": partition, "replicas": target, "leader": leader},
         )
 
+    # -- config change notifications -------------------------------------------------------------
+
+    async def _purge_config_changes(self) -> None:
+        """Delete the /config/changes notifications older than 15 minutes (by their creation time),
+        as Kafka's change-notification listener does whenever a new one arrives: every broker has
+        applied them by then, and a broker that starts later reads the configs themselves."""
+        if not self._active:
+            return
+        expired_before = time.time() * 1000 - CONFIG_CHANGE_EXPIRATION_MS
+        for child in sorted(await self._zk.get_children(znodes.CONFIG_CHANGES)):
+            if not child.startswith(znodes.CONFIG_CHANGE_PREFIX):
+                continue
+            path = f"{znodes.CONFIG_CHANGES}/{child}"
+            stat = await self._zk.exists(path)
+            if stat is None or stat.ctime >= expired_before:
+                continue
+            with contextlib.suppress(MultiOpFailed):  # deleted meanwhile
+                await self._fenced().write([Delete(path, stat.version)])
+            log.debug("config change notification purged", extra={"path": path})
+
     # -- preferred leader election ---------------------------------------------------------------
 
     def _on_preferred_election_znode(self, data: bytes | None, _stat: ZnodeStat | None) -> None:
         if data is not None:
-            self._enqueue("preferred-election", self._on_preferred_election)
+            self._events.put("preferred-election", self._on_preferred_election)
 
     async def _on_preferred_election(self) -> None:
         if not self._active:
@@ -1158,12 +907,12 @@ class Controller:
             return
         try:
             partitions = znodes.decode_partition_list(got[0])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a malformed preferred replica election request")
+        except PARSE_ERRORS as e:
+            self._unparseable.skip(znodes.PREFERRED_REPLICA_ELECTION, e)
             partitions = []
         await self._elect_preferred(partitions, "preferred replica election")
         with contextlib.suppress(MultiOpFailed):
-            await self._write([Delete(znodes.PREFERRED_REPLICA_ELECTION, got[1].version)])
+            await self._fenced().write([Delete(znodes.PREFERRED_REPLICA_ELECTION, got[1].version)])
 
     async def _elect_preferred(self, partitions: Iterable[tuple[str, int]], why: str) -> None:
         live = set(self._live)
@@ -1178,13 +927,13 @@ class Controller:
                 shutting_down=self._shutting_down,
                 controller_epoch=self._epoch,
             )
-            await self._update_state(topic, partition, decide, why)
+            await self._fenced().update_state(topic, partition, decide, why)
 
     async def _rebalance_timer(self) -> None:
         interval = max(1, self._config.leader_imbalance_check_interval_seconds)
         while True:
             await asyncio.sleep(interval)
-            self._enqueue("auto-rebalance", self._check_imbalance)
+            self._events.put("auto-rebalance", self._check_imbalance)
 
     async def _check_imbalance(self) -> None:
         """Kafka's checkAndTriggerAutoLeaderRebalance: for each broker, the share of the partitions
@@ -1202,8 +951,10 @@ class Controller:
                 continue
             imbalanced: list[tuple[str, int]] = []
             for topic, partition in partitions:
-                got = await self._zk.get_or_none(znodes.partition_state_path(topic, partition))
-                if got is not None and znodes.LeaderAndIsr.decode(got[0]).leader != broker:
+                path = znodes.partition_state_path(topic, partition)
+                got = await self._zk.get_or_none(path)
+                state = self._unparseable.state(path, got[0]) if got is not None else None
+                if state is not None and state.leader != broker:
                     imbalanced.append((topic, partition))
             if imbalanced and 100 * len(imbalanced) / len(partitions) > threshold:
                 log.info(
