@@ -257,7 +257,7 @@ class ReplicaFetcher:
             latest = partition.log.leader_epoch_cache.latest_epoch
             if latest is None:
                 # No epochs (an empty log, or one older than epochs): keep what is committed.
-                partition.truncate_to(partition.high_watermark)
+                await partition.truncate_to(partition.high_watermark)
                 state.truncating = False
                 continue
             asked[tp] = state
@@ -300,16 +300,16 @@ class ReplicaFetcher:
                     self._delay(tp, state)
                     continue
                 offset, done = truncation_offset(partition, answer.leader_epoch, answer.end_offset)
-                self._truncate_partition(partition, offset)
+                await self._truncate_partition(partition, offset)
                 state.truncating = not done
 
-    def _truncate_partition(self, partition: Partition, offset: int) -> None:
+    async def _truncate_partition(self, partition: Partition, offset: int) -> None:
         if offset < partition.log_end_offset:
             log.info(
                 "truncating follower log",
                 extra={"partition": str(partition.tp), "from": partition.log_end_offset, "to": offset},
             )
-            partition.truncate_to(offset)
+            await partition.truncate_to(offset)
 
     # -- fetching -------------------------------------------------------------------------------
 
@@ -421,7 +421,7 @@ class ReplicaFetcher:
                     continue
                 partition_error = ErrorCode(data.error_code)
                 if partition_error == ErrorCode.none:
-                    self._process(partition, state, data)
+                    await self._process(partition, state, data)
                 elif partition_error == ErrorCode.offset_out_of_range:
                     out_of_range.append((tp, state))
                 else:
@@ -435,16 +435,18 @@ class ReplicaFetcher:
         for tp, state in out_of_range:
             await self._handle_out_of_range(connection, tp, state)
 
-    def _process(self, partition: Partition, state: PartitionFetchState, data: Any) -> None:
+    async def _process(self, partition: Partition, state: PartitionFetchState, data: Any) -> None:
         tp = partition.tp
         diverging = getattr(data, "diverging_epoch", None)
         if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
             offset, _ = truncation_offset(partition, diverging.epoch, diverging.end_offset)
-            self._truncate_partition(partition, offset)
+            await self._truncate_partition(partition, offset)
             return
         try:
             if data.records:
-                partition.append_records_as_follower(data.records)
+                await partition.append_records_as_follower(data.records)
+                if self._current(tp, state) is not partition:
+                    return  # led here, removed or re-added while the append ran off the loop
             partition.update_follower_high_watermark(data.high_watermark)
             partition.log.follow_log_start_offset(data.log_start_offset, partition.high_watermark)
         except StorageError as e:
@@ -463,14 +465,13 @@ class ReplicaFetcher:
             self._delay(tp, state)
             return
         if leader_end < partition.log_end_offset:
-            self._truncate_partition(partition, leader_end)
+            await self._truncate_partition(partition, leader_end)
         elif partition.log_end_offset < leader_start:
             log.info(
                 "follower behind the leader's log start: restarting its log there",
                 extra={"partition": str(tp), "log_end_offset": partition.log_end_offset, "to": leader_start},
             )
-            partition.log.truncate_fully_and_start_at(leader_start)
-            partition.high_watermark = leader_start
+            await partition.truncate_fully_and_start_at(leader_start)
 
     async def _leader_offset(
         self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState, timestamp: int

@@ -400,6 +400,8 @@ class LogManager:
         now = self._time_ms()
         deleted = 0
         for log_ in self.online_logs():
+            if log_.io.busy:
+                continue  # a truncation replays its producer state on the I/O executor: next time
             deleted += log_.delete_retention_segments(now)
             log_.producer_state.remove_expired_producers(now, self.producer_id_expiration_ms)
         return deleted
