@@ -26,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from strom.records.codec import decode_batches
+from strom.records.batch import iter_headers
+from strom.records.codec import decode_batch
 
 if TYPE_CHECKING:
     from strom.broker.partition import Partition
@@ -59,15 +60,15 @@ def replay_records(data: bytes, replay: Replay, pause: Callable[[], None] = lamb
     skipped); returns (the offset after the last batch, records replayed)."""
     next_offset = -1
     records = 0
-    for batch in decode_batches(data):
-        next_offset = batch.header.last_offset + 1
-        if batch.header.is_control:
+    for header in iter_headers(data):
+        next_offset = header.last_offset + 1
+        if header.is_control:
             continue
-        for record in batch.records:
+        # One batch at a time, so the worker can pause between any two.
+        for record in decode_batch(data, header.position).records:
             replay(record.key, record.value, record.offset)
             records += 1
-            if not records % 64:
-                pause()
+        pause()
     return next_offset, records
 
 
