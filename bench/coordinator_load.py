@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 import tempfile
 import time
 import uuid
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=1.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    sys.setswitchinterval(0.001)  # as `strom serve` sets it
     with tempfile.TemporaryDirectory() as folder:
         started = time.monotonic()
         log_manager, manager = build(Path(folder), args.records, args.per_batch)
