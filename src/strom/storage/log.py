@@ -98,6 +98,17 @@ class FetchDataInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class FollowerRecords:
+    """A leader's whole batches, checked for appending at ``first_offset`` (the log end then)."""
+
+    data: memoryview
+    headers: list[rb.BatchHeader]
+    first_offset: int
+    # Appending them records a new leader epoch: a checkpoint write with two fsyncs.
+    new_leader_epoch: bool
+
+
+@dataclass(frozen=True, slots=True)
 class TimestampAndOffset:
     timestamp: int
     offset: int
@@ -504,28 +515,17 @@ class Log:
         # flush.messages: the caller flushes (off the event loop) when flush_messages_due says so.
         return LogAppendInfo(first_offset, last_offset, log_append_time, self.log_start_offset, record_count)
 
-    def assigns_leader_epoch(self, records: bytes | bytearray | memoryview) -> bool:
-        """Whether appending ``records`` as a follower records a new leader epoch (a checkpoint
-        write with two fsyncs), or they are malformed (the append raises): either way the
-        append belongs on ``io``."""
-        latest = self.leader_epoch_cache.latest_epoch
-        view = memoryview(records)
-        position = 0
-        try:
-            while len(view) - position >= rb.HEADER_SIZE:
-                header = rb.read_header(view, position)
-                if header.partition_leader_epoch >= 0 and (
-                    latest is None or header.partition_leader_epoch > latest
-                ):
-                    return True
-                position += header.size
-        except rb.InvalidBatchError:
-            return True
-        return False
-
     @_log_dir_io
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo | None:
-        """Append batches fetched from the partition's leader, keeping their offsets and leader epochs.
+        """Append batches fetched from the partition's leader, keeping their offsets and leader
+        epochs: ``analyze_follower_records``, then ``append_analyzed_as_follower``. Returns None
+        when ``records`` holds no whole batch."""
+        analyzed = self.analyze_follower_records(records)
+        return None if analyzed is None else self.append_analyzed_as_follower(analyzed)
+
+    @_log_dir_io
+    def analyze_follower_records(self, records: bytes | bytearray | memoryview) -> FollowerRecords | None:
+        """Check a leader's batches for appending at the log end, writing nothing.
 
         The leader validated every record; a follower checks structure only, as Kafka's
         appendAsFollower does: batch framing, sizes and CRCs, and offsets contiguous from the log
@@ -537,6 +537,8 @@ class Log:
         view = memoryview(records)
         headers: list[rb.BatchHeader] = []
         expected = first_offset = self.log_end_offset
+        latest_epoch = self.leader_epoch_cache.latest_epoch
+        new_leader_epoch = False
         position = 0
         try:
             while len(view) - position >= rb.HEADER_SIZE:
@@ -557,6 +559,9 @@ class Log:
                         f"{self.topic}-{self.partition}: the leader's batch starts at offset "
                         f"{header.base_offset}, the log expects {expected}"
                     )
+                epoch = header.partition_leader_epoch
+                if epoch >= 0 and (latest_epoch is None or epoch > latest_epoch):
+                    new_leader_epoch = True
                 headers.append(header)
                 expected = header.next_offset
                 position += header.size
@@ -564,9 +569,23 @@ class Log:
             raise CorruptRecordError(f"malformed record batch from the leader: {e}") from e
         if not headers:
             return None
-        data = view[:position]
+        return FollowerRecords(view[:position], headers, first_offset, new_leader_epoch)
+
+    @_log_dir_io
+    def append_analyzed_as_follower(self, analyzed: FollowerRecords) -> LogAppendInfo:
+        """Append what ``analyze_follower_records`` checked; the log must still end where it did.
+        With ``new_leader_epoch`` it writes the epoch checkpoint: the broker runs it on ``io``."""
+        self._check_open()
+        headers = analyzed.headers
+        first_offset = analyzed.first_offset
+        if first_offset != self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"{self.topic}-{self.partition}: the leader's batches start at offset {first_offset}, "
+                f"the log now ends at {self.log_end_offset}"
+            )
+        data = analyzed.data
         max_timestamp = max(header.max_timestamp for header in headers)
-        last_offset = expected - 1
+        last_offset = headers[-1].next_offset - 1
         segment = self.active_segment
         now = self._time_ms()
         config = self.config
