@@ -17,6 +17,7 @@ from strom.broker.coordinator import group_metadata_manager as gmm
 from strom.broker.coordinator.group import OffsetAndMetadata
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from strom.broker.coordinator.group_metadata_manager import GroupMetadataManager
+from strom.broker.coordinator.loader import CoordinatorLoader
 from strom.broker.coordinator.records import OffsetCommitKey, OffsetCommitValue
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
@@ -61,7 +62,7 @@ def test_the_worker_load_replays_what_the_blocking_load_does_on_the_load_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log_manager, _, manager = offsets_manager(tmp_path)
-    manager.loader = gmm.CoordinatorLoader(slice_bytes=4096)  # many slices
+    manager.loader = CoordinatorLoader(slice_bytes=4096)  # many slices
     threads: set[str] = set()
     replay = gmm.GroupLoad.replay
 
@@ -86,7 +87,7 @@ def test_the_worker_load_replays_what_the_blocking_load_does_on_the_load_thread(
 
 def test_a_load_whose_leadership_ended_is_discarded_between_slices(tmp_path: Path) -> None:
     log_manager, _, manager = offsets_manager(tmp_path)
-    manager.loader = gmm.CoordinatorLoader(slice_bytes=4096)
+    manager.loader = CoordinatorLoader(slice_bytes=4096)
     checks = 0
 
     def is_current() -> bool:
@@ -121,7 +122,7 @@ async def until(condition: Any, timeout_s: float = 60) -> None:
 
 def test_groups_answer_load_in_progress_until_the_current_epochs_load_is_adopted(tmp_path: Path) -> None:
     log_manager, _, manager = offsets_manager(tmp_path)
-    manager.loader = gmm.CoordinatorLoader(slice_bytes=4096)
+    manager.loader = CoordinatorLoader(slice_bytes=4096)
     loads: list[int] = []
     load_partition = manager.load_partition
 
@@ -170,7 +171,7 @@ def test_groups_answer_load_in_progress_until_the_current_epochs_load_is_adopted
 
 def test_a_load_that_resigns_before_it_finishes_leaves_nothing_owned(tmp_path: Path) -> None:
     log_manager, _, manager = offsets_manager(tmp_path)
-    manager.loader = gmm.CoordinatorLoader(slice_bytes=4096)
+    manager.loader = CoordinatorLoader(slice_bytes=4096)
 
     async def scenario() -> None:
         coordinator = coordinator_for(manager)
