@@ -92,6 +92,7 @@ class GroupCoordinator:
         # started in. Their groups answer COORDINATOR_LOAD_IN_PROGRESS until the load is adopted.
         self._loading: dict[int, int] = {}
         self._load_tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -110,6 +111,7 @@ class GroupCoordinator:
                 self._schedule_heartbeat_expiration(group, member)
 
     def shutdown(self) -> None:
+        self._stopped = True
         self._loading.clear()
         for task in self._load_tasks:
             task.cancel()
@@ -124,6 +126,7 @@ class GroupCoordinator:
         loop and coordinate them once loaded (Kafka's scheduleLoadGroupAndOffsets)."""
         if (
             not self._follows_leadership
+            or self._stopped
             or tp.topic != OFFSETS_TOPIC
             or tp.partition in self._owned
             or tp.partition in self._loading
