@@ -19,7 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 LOG_IO_THREADS = 4
-_NICENESS = 10
+# Niceness of background worker threads (log I/O, log creation and deletion, coordinator loads).
+BACKGROUND_NICENESS = 10
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -28,10 +29,11 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def _lower_thread_priority() -> None:
-    # A niced worker leaves the CPU to the event loop's thread when both are runnable.
+def lower_thread_priority() -> None:
+    """A thread pool's initializer: Linux schedules threads, so a niced worker leaves the CPU to
+    the event loop's thread when both are runnable and bulk file work costs clients little latency."""
     with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICENESS)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
 
 
 def log_io_pool() -> ThreadPoolExecutor:
@@ -40,7 +42,7 @@ def log_io_pool() -> ThreadPoolExecutor:
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(
-                LOG_IO_THREADS, thread_name_prefix="strom-log-io", initializer=_lower_thread_priority
+                LOG_IO_THREADS, thread_name_prefix="strom-log-io", initializer=lower_thread_priority
             )
         return _pool
 

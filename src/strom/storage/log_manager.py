@@ -43,28 +43,21 @@ from strom.storage.log import (
 )
 from strom.storage.log_config import LogConfig
 from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
+from strom.storage.log_io import lower_thread_priority
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-# Threads that create (or delete) a topic's logs together, and their niceness.
+# Threads that create (or delete) a topic's logs together (niced: log_io.lower_thread_priority).
 NEW_LOG_THREADS = 4
-BACKGROUND_NICENESS = 10
 
 # Kafka's producer.id.expiration.ms default: idle producers' state is dropped after a day.
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
 
 
-def _lower_thread_priority() -> None:
-    # Linux schedules threads: a niced worker leaves the CPU to the event loop's thread when both
-    # are runnable, so bulk file work costs clients little latency.
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
-
-
 def _background_pool(tasks: int, name: str) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(
-        min(NEW_LOG_THREADS, tasks), thread_name_prefix=name, initializer=_lower_thread_priority
+        min(NEW_LOG_THREADS, tasks), thread_name_prefix=name, initializer=lower_thread_priority
     )
 
 

@@ -16,10 +16,6 @@ caller answers COORDINATOR_LOAD_IN_PROGRESS for the partition. The group coordin
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,19 +24,17 @@ from typing import TYPE_CHECKING, TypeVar
 
 from strom.records.batch import iter_headers
 from strom.records.codec import decode_batch
+from strom.storage.log_io import lower_thread_priority
 
 if TYPE_CHECKING:
     from strom.broker.partition import Partition
 
-log = logging.getLogger(__name__)
-
 # Bytes read on the loop per slice (at least one batch); replaying a slice of small offset
-# commits takes the worker ~50 ms.
+# commits takes the worker ~70 ms.
 LOAD_SLICE_BYTES = 1024 * 1024
 # The worker steps off the CPU for GIL_PAUSE_S after every GIL_SLICE_S of replay (as the cleaner).
 GIL_SLICE_S = 0.002
 GIL_PAUSE_S = 0.0002
-_NICENESS = 10
 
 _T = TypeVar("_T")
 
@@ -72,11 +66,6 @@ def replay_records(data: bytes, replay: Replay, pause: Callable[[], None] = lamb
     return next_offset, records
 
 
-def _lower_thread_priority() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICENESS)
-
-
 class CoordinatorLoader:
     """Loads coordinator partitions one slice at a time on its own worker thread (not asyncio's
     default executor, which ZooKeeper calls occupy)."""
@@ -84,7 +73,7 @@ class CoordinatorLoader:
     def __init__(self, slice_bytes: int = LOAD_SLICE_BYTES) -> None:
         self._slice_bytes = slice_bytes
         self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix="strom-coordinator-load", initializer=_lower_thread_priority
+            1, thread_name_prefix="strom-coordinator-load", initializer=lower_thread_priority
         )
         self._slice_started = 0.0
 
