@@ -163,10 +163,10 @@ def test_a_failed_partition_does_not_stall_the_others(
     failing = {"on": True}
     truncate_to = Partition.truncate_to
 
-    def truncate_or_fail(self: Partition, offset: int) -> None:
+    async def truncate_or_fail(self: Partition, offset: int) -> None:
         if failing["on"] and self.local_id == 2 and self.tp == TP0:
             raise OSError(28, "injected: no space left while truncating")
-        truncate_to(self, offset)
+        await truncate_to(self, offset)
 
     monkeypatch.setattr(Partition, "truncate_to", truncate_or_fail)
     caplog.set_level(logging.DEBUG, logger="strom.broker.replica_fetcher")

@@ -21,6 +21,7 @@ from typing import Any
 from strom.broker.coordinator.group import OffsetAndMetadata
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator, JoinRequest
 from strom.broker.coordinator.group_metadata_manager import AppendOutcome
+from strom.broker.coordinator.loader import CoordinatorLoader
 from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
 
@@ -44,9 +45,13 @@ class RecordingManager:
     def __init__(self) -> None:
         self.deleted_offsets: list[tuple[str, list[TopicPartition]]] = []
         self.deleted_groups: list[str] = []
+        self.loader = CoordinatorLoader()
 
     def load(self) -> dict[str, Any]:
         return {}
+
+    async def load_partition(self, partition: int, is_current: Any) -> dict[str, Any] | None:
+        return {} if is_current() else None
 
     def partition_of(self, group_id: str) -> TopicPartition:
         return TopicPartition("__consumer_offsets", 0)
@@ -318,6 +323,7 @@ def test_unloading_a_group_answers_its_waiting_requests_not_coordinator() -> Non
         coordinator.startup()
         offsets_tp = TopicPartition("__consumer_offsets", 0)
         coordinator.on_become_leader(offsets_tp, 0)
+        await settle()  # the (empty) partition loads
         joined = await coordinator.join_group(
             JoinRequest(
                 group_id="g",

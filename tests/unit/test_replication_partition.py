@@ -115,7 +115,7 @@ def test_a_new_leaders_high_watermark_lags_its_epoch_start_until_the_isr_fetches
     partition = Partition(TP, log, -1, [], local_id=1, replicated=True, high_watermark=0)
     log.leader_epoch_cache.assign(0, 0)
     partition.make_follower(PartitionState(0, 2, 0, [1, 2, 3], [1, 2, 3]))
-    partition.append_records_as_follower(make_batch(5))
+    asyncio.run(partition.append_records_as_follower(bytes(make_batch(5))))
     partition.update_follower_high_watermark(3)
     assert not partition.high_watermark_lags_epoch_start  # only a leader's can
     log.leader_epoch_cache.assign(1, 5)

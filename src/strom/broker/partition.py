@@ -339,18 +339,36 @@ class Partition:
             self.high_watermark = self.log.log_end_offset
         return info
 
-    def append_records_as_follower(self, records: bytes | memoryview) -> LogAppendInfo | None:
-        return self.log.append_as_follower(records)
+    async def append_records_as_follower(self, records: bytes) -> LogAppendInfo | None:
+        """Append the leader's batches; on the log's I/O executor when they start a new leader
+        epoch (its checkpoint is fsynced) or a truncation is still queued there, else inline."""
+        log_ = self.log
+        if log_.io.busy:  # a truncation first: the records are checked against the log it leaves
+            return await asyncio.wrap_future(log_.io.submit(log_.append_as_follower, records))
+        analyzed = log_.analyze_follower_records(records)
+        if analyzed is None:
+            return None
+        if analyzed.new_leader_epoch:
+            return await asyncio.wrap_future(log_.io.submit(log_.append_analyzed_as_follower, analyzed))
+        return log_.append_analyzed_as_follower(analyzed)
 
     def update_follower_high_watermark(self, leader_high_watermark: int) -> None:
         """A follower's HW is the leader's, bounded by what it holds itself; it only moves up here
         (a new leader may answer with a HW it has not caught up to yet), down only by truncation."""
         self.high_watermark = max(self.high_watermark, min(leader_high_watermark, self.log.log_end_offset))
 
-    def truncate_to(self, offset: int) -> None:
-        """Follower truncation (diverging epochs): the log and epoch cache end at ``offset``."""
-        self.log.truncate_to(offset)
+    async def truncate_to(self, offset: int) -> None:
+        """Follower truncation (diverging epochs): the log and epoch cache end at ``offset``. It
+        unlinks segments, fsyncs the epoch checkpoint and replays producer state: on the log's
+        I/O executor."""
+        await asyncio.wrap_future(self.log.io.submit(self.log.truncate_to, offset))
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+
+    async def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Restart the log empty at ``offset`` (a follower behind its leader's log start), on
+        the log's I/O executor."""
+        await asyncio.wrap_future(self.log.io.submit(self.log.truncate_fully_and_start_at, offset))
+        self.high_watermark = offset
 
     def diverging_epoch(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
         """KIP-320 on the leader: where a follower's log, which ends at ``fetch_offset`` in

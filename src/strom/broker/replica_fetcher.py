@@ -357,7 +357,7 @@ class ReplicaFetcher:
             if latest is None:
                 # No epochs (an empty log, or one older than epochs): keep what is committed.
                 try:
-                    partition.truncate_to(partition.high_watermark)
+                    await partition.truncate_to(partition.high_watermark)
                 except Exception:
                     self._fail(tp, state, "truncating")
                     continue
@@ -404,19 +404,19 @@ class ReplicaFetcher:
                     continue
                 try:
                     offset, done = truncation_offset(partition, answer.leader_epoch, answer.end_offset)
-                    self._truncate_partition(partition, offset)
+                    await self._truncate_partition(partition, offset)
                 except Exception:
                     self._fail(tp, state, "truncating")
                     continue
                 state.truncating = not done
 
-    def _truncate_partition(self, partition: Partition, offset: int) -> None:
+    async def _truncate_partition(self, partition: Partition, offset: int) -> None:
         if offset < partition.log_end_offset:
             log.info(
                 "truncating follower log",
                 extra={"partition": str(partition.tp), "from": partition.log_end_offset, "to": offset},
             )
-            partition.truncate_to(offset)
+            await partition.truncate_to(offset)
 
     # -- fetching -------------------------------------------------------------------------------
 
@@ -525,7 +525,7 @@ class ReplicaFetcher:
                 partition_error = ErrorCode(data.error_code)
                 if partition_error == ErrorCode.none:
                     try:
-                        self._process(partition, data)
+                        await self._process(partition, state, data)
                     except Exception:
                         self._fail(tp, state, "appending")
                 elif partition_error == ErrorCode.offset_out_of_range:
@@ -541,14 +541,17 @@ class ReplicaFetcher:
         for tp, state in out_of_range:
             await self._handle_out_of_range(connection, tp, state)
 
-    def _process(self, partition: Partition, data: Any) -> None:
+    async def _process(self, partition: Partition, state: PartitionFetchState, data: Any) -> None:
+        tp = partition.tp
         diverging = getattr(data, "diverging_epoch", None)
         if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
             offset, _ = truncation_offset(partition, diverging.epoch, diverging.end_offset)
-            self._truncate_partition(partition, offset)
+            await self._truncate_partition(partition, offset)
             return
         if data.records:
-            partition.append_records_as_follower(data.records)
+            await partition.append_records_as_follower(data.records)
+            if self._current(tp, state) is not partition:
+                return  # led here, removed or re-added while the append ran off the loop
         partition.update_follower_high_watermark(data.high_watermark)
         partition.log.follow_log_start_offset(data.log_start_offset, partition.high_watermark)
 
@@ -565,7 +568,7 @@ class ReplicaFetcher:
             return
         try:
             if leader_end < partition.log_end_offset:
-                self._truncate_partition(partition, leader_end)
+                await self._truncate_partition(partition, leader_end)
             elif partition.log_end_offset < leader_start:
                 log.info(
                     "follower behind the leader's log start: restarting its log there",
@@ -575,8 +578,7 @@ class ReplicaFetcher:
                         "to": leader_start,
                     },
                 )
-                partition.log.truncate_fully_and_start_at(leader_start)
-                partition.high_watermark = leader_start
+                await partition.truncate_fully_and_start_at(leader_start)
         except Exception:
             self._fail(tp, state, "truncating to the leader's log")
 

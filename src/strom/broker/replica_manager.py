@@ -404,8 +404,9 @@ class ReplicaManager:
         cache = partition.log.leader_epoch_cache
         if cache.latest_epoch is None or cache.latest_epoch < state.leader_epoch:
             try:
-                await asyncio.get_running_loop().run_in_executor(
-                    None, cache.assign, state.leader_epoch, partition.log.log_end_offset
+                # On the log's I/O executor: after any truncation its fetcher queued there.
+                await asyncio.wrap_future(
+                    partition.log.io.submit(cache.assign, state.leader_epoch, partition.log.log_end_offset)
                 )
             except OSError as e:
                 partition.log.log_dir_failed("recording the leader epoch", e)

@@ -1,8 +1,12 @@
 """LeaderEpochFileCache: the first offset of each leader epoch, kept in ``leader-epoch-checkpoint``.
 
-A new epoch is written to the file at once. Truncations are written later (``flush``, from the
-log manager's checkpoint job or at close), as Kafka does since KAFKA-15046: a stale file only
-holds entries that loading the log truncates again, and it keeps fsyncs off the event loop.
+A new epoch and a truncation from the end are written to the file at once, as Kafka's
+LeaderEpochFileCache flushes on assign and on truncateFromEnd: a follower that truncates, appends
+in an older epoch and crashes must not restart with a removed epoch starting inside the appended
+records (OffsetForLeaderEpoch would then answer with it). Their callers run off the event loop (the
+log's I/O executor, or loading). Truncations from the start are written later (``flush``, from the
+log manager's checkpoint job or at close), as Kafka does since KAFKA-15046: a stale file then only
+holds entries below the log start offset, which loading the log truncates again.
 An unreadable or missing file is not fatal: the cache starts empty with ``rebuild_needed`` set,
 and the log rebuilds it from its batches' partitionLeaderEpoch (Kafka only does so for the
 segments it recovers, and takes a log dir offline for an unreadable file).
@@ -99,13 +103,15 @@ class LeaderEpochFileCache:
         )
 
     def _write(self, entries: list[tuple[int, int]]) -> None:
-        """Write ``entries``, then make them the cache's: a failed write leaves the cache as it was."""
+        """Write ``entries``, then make them the cache's: a failed write leaves the cache as it was.
+        A pending truncation from the start is written with them."""
         with self._write_lock:
             self._file.write(entries)
             self._entries = entries
+            self._dirty = False
 
     def flush(self) -> None:
-        """Write truncations made since the last write (call off the event loop)."""
+        """Write truncations from the start made since the last write (call off the event loop)."""
         if not self._dirty:
             return
         with self._write_lock:
@@ -137,19 +143,18 @@ class LeaderEpochFileCache:
         return self._entries[slot - 1][0] if slot else None
 
     def truncate_from_end(self, end_offset: int) -> None:
-        """Forget epochs that start at or after ``end_offset`` (the log was truncated there)."""
+        """Forget epochs that start at or after ``end_offset`` (the log was truncated there), and
+        write the file before anything is appended after the truncation."""
         keep = len(self._entries)
         while keep and self._entries[keep - 1][1] >= end_offset:
             keep -= 1
         if keep != len(self._entries):
-            del self._entries[keep:]
-            self._dirty = True
+            self._write(self._entries[:keep])
 
     def clear(self) -> None:
-        """Forget every epoch (the log restarted empty at a new offset); written by ``flush``."""
+        """Forget every epoch (the log restarted empty at a new offset) and write the file."""
         if self._entries:
-            self._entries = []
-            self._dirty = True
+            self._write([])
 
     def truncate_from_start(self, start_offset: int) -> None:
         """Forget epochs wholly below ``start_offset``; the one containing it now starts there."""

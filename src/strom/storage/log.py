@@ -1,9 +1,12 @@
 """Log: one partition's log, a directory ``<topic>-<partition>`` of segments (Kafka's UnifiedLog).
 
 Threading: everything runs on the broker's event-loop thread except ``flush``,
-which a worker thread may call while the loop appends. ``flush`` only fsyncs
-file descriptors (each segment serialises that with its own close) and reads
-the segment list under ``_lock``, the only lock that list mutations take.
+which a worker thread may call while the loop appends, and the file-mutating steps the broker
+submits to the log's serial I/O executor (``io``: truncation, leader-epoch checkpoint writes).
+``flush`` only fsyncs file descriptors (each segment serialises that with its own close) and
+reads the segment list under ``_lock``, the only lock that list mutations take; truncation holds
+``_flush_lock`` so no flush moves the recovery point past it. While ``io`` is busy, the loop's
+own mutations of the segment list (retention, the cleaner's swap) skip the log until next time.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from strom.storage.errors import (
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
 from strom.storage.log_config import LogConfig
 from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
+from strom.storage.log_io import SerialExecutor
 from strom.storage.log_segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -113,6 +117,17 @@ class FetchDataInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class FollowerRecords:
+    """A leader's whole batches, checked for appending at ``first_offset`` (the log end then)."""
+
+    data: memoryview
+    headers: list[rb.BatchHeader]
+    first_offset: int
+    # Appending them records a new leader epoch: a checkpoint write with two fsyncs.
+    new_leader_epoch: bool
+
+
+@dataclass(frozen=True, slots=True)
 class TimestampAndOffset:
     timestamp: int
     offset: int
@@ -176,6 +191,8 @@ class Log:
         self.log_start_offset_listener: Callable[[Log], None] | None = None
         # LogManager shares one channel between its logs; a log on its own has its own.
         self.log_dir_failure_channel = LogDirFailureChannel()
+        # File-mutating steps off the event loop, one at a time in order (see the module doc).
+        self.io = SerialExecutor()
 
     # --- opening and recovery -----------------------------------------------------
 
@@ -519,7 +536,15 @@ class Log:
 
     @_log_dir_io
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo | None:
-        """Append batches fetched from the partition's leader, keeping their offsets and leader epochs.
+        """Append batches fetched from the partition's leader, keeping their offsets and leader
+        epochs: ``analyze_follower_records``, then ``append_analyzed_as_follower``. Returns None
+        when ``records`` holds no whole batch."""
+        analyzed = self.analyze_follower_records(records)
+        return None if analyzed is None else self.append_analyzed_as_follower(analyzed)
+
+    @_log_dir_io
+    def analyze_follower_records(self, records: bytes | bytearray | memoryview) -> FollowerRecords | None:
+        """Check a leader's batches for appending at the log end, writing nothing.
 
         The leader validated every record; a follower checks structure only, as Kafka's
         appendAsFollower does: batch framing, sizes and CRCs, and offsets contiguous from the log
@@ -531,6 +556,8 @@ class Log:
         view = memoryview(records)
         headers: list[rb.BatchHeader] = []
         expected = first_offset = self.log_end_offset
+        latest_epoch = self.leader_epoch_cache.latest_epoch
+        new_leader_epoch = False
         position = 0
         try:
             while len(view) - position >= rb.HEADER_SIZE:
@@ -551,6 +578,9 @@ class Log:
                         f"{self.topic}-{self.partition}: the leader's batch starts at offset "
                         f"{header.base_offset}, the log expects {expected}"
                     )
+                epoch = header.partition_leader_epoch
+                if epoch >= 0 and (latest_epoch is None or epoch > latest_epoch):
+                    new_leader_epoch = True
                 headers.append(header)
                 expected = header.next_offset
                 position += header.size
@@ -558,9 +588,23 @@ class Log:
             raise CorruptRecordError(f"malformed record batch from the leader: {e}") from e
         if not headers:
             return None
-        data = view[:position]
+        return FollowerRecords(view[:position], headers, first_offset, new_leader_epoch)
+
+    @_log_dir_io
+    def append_analyzed_as_follower(self, analyzed: FollowerRecords) -> LogAppendInfo:
+        """Append what ``analyze_follower_records`` checked; the log must still end where it did.
+        With ``new_leader_epoch`` it writes the epoch checkpoint: the broker runs it on ``io``."""
+        self._check_open()
+        headers = analyzed.headers
+        first_offset = analyzed.first_offset
+        if first_offset != self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"{self.topic}-{self.partition}: the leader's batches start at offset {first_offset}, "
+                f"the log now ends at {self.log_end_offset}"
+            )
+        data = analyzed.data
         max_timestamp = max(header.max_timestamp for header in headers)
-        last_offset = expected - 1
+        last_offset = headers[-1].next_offset - 1
         segment = self.active_segment
         now = self._time_ms()
         config = self.config
@@ -788,6 +832,8 @@ class Log:
         and nothing at or above the high watermark (default: log end) is deleted.
         """
         self._check_open()
+        if self.io.busy:
+            return 0  # a truncation is under way on the I/O executor: next time
         now = self._time_ms() if now_ms is None else now_ms
         upper = self.log_end_offset if high_watermark is None else high_watermark
         deleted = self._delete_segments(self._deletable_below_log_start())
@@ -878,7 +924,7 @@ class Log:
         the commit leaves the old segments (startup deletes ``.cleaned`` files); after it,
         startup's ``_complete_swap`` finishes the job.
         """
-        if self._closed or not old:
+        if self._closed or not old or self.io.busy:
             return None
         start = next((i for i, s in enumerate(self._segments) if s is old[0]), None)
         if start is None or start + len(old) >= len(self._segments):  # never the active segment
@@ -953,37 +999,45 @@ class Log:
 
     @_log_dir_io
     def truncate_to(self, offset: int) -> bool:
-        """Remove every batch at or after the one containing ``offset`` (follower truncation)."""
+        """Remove every batch at or after the one containing ``offset`` (follower truncation).
+
+        Unlinks segments, fsyncs the leader-epoch checkpoint and replays producer state: the
+        broker runs it on ``io``."""
         self._check_open()
         if offset < 0:
             raise ValueError(f"cannot truncate to a negative offset {offset}")
-        if offset >= self.log_end_offset:
-            return False
-        if offset < self._segments[0].base_offset:
-            self.truncate_fully_and_start_at(offset)
+        with self._flush_lock:
+            if offset >= self.log_end_offset:
+                return False
+            if offset < self._segments[0].base_offset:
+                self._truncate_fully_and_start_at(offset)
+                return True
+            with self._lock:
+                keep = self._floor_segment_index(offset)
+                removed = self._segments[keep + 1 :]
+                self._segments = self._segments[: keep + 1]
+                self._bases = self._bases[: keep + 1]
+            for segment in removed:
+                segment.delete()
+            self.active_segment.truncate_to(offset)
+            self._after_truncation()
             return True
-        keep = self._floor_segment_index(offset)
-        with self._lock:
-            removed = self._segments[keep + 1 :]
-            self._segments = self._segments[: keep + 1]
-            self._bases = self._bases[: keep + 1]
-        for segment in removed:
-            segment.delete()
-        self.active_segment.truncate_to(offset)
-        self._after_truncation()
-        return True
 
     @_log_dir_io
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop the whole log and restart it empty at ``offset`` (a follower far behind its leader's
-        log start offset)."""
+        log start offset). Unlinks every segment: the broker runs it on ``io``."""
         self._check_open()
-        with self._lock:
-            removed = self._segments
-            self._segments, self._bases = [], []
-        for segment in removed:
+        with self._flush_lock:
+            self._truncate_fully_and_start_at(offset)
+
+    def _truncate_fully_and_start_at(self, offset: int) -> None:
+        # The list is replaced, never emptied: the loop may read the log end meanwhile.
+        for segment in self._segments:
             segment.delete()
-        self._add_segment(self._new_segment(offset))
+        segment = self._new_segment(offset)
+        with self._lock:
+            self._segments, self._bases = [segment], [offset]
         self.log_start_offset = offset
         with self._lock:
             self.recovery_point = offset

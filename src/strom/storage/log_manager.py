@@ -46,28 +46,21 @@ from strom.storage.log import (
 )
 from strom.storage.log_config import LogConfig
 from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
+from strom.storage.log_io import lower_thread_priority
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-# Threads that create (or delete) a topic's logs together, and their niceness.
+# Threads that create (or delete) a topic's logs together (niced: log_io.lower_thread_priority).
 NEW_LOG_THREADS = 4
-BACKGROUND_NICENESS = 10
 
 # Kafka's producer.id.expiration.ms default: idle producers' state is dropped after a day.
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
 
 
-def _lower_thread_priority() -> None:
-    # Linux schedules threads: a niced worker leaves the CPU to the event loop's thread when both
-    # are runnable, so bulk file work costs clients little latency.
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
-
-
 def _background_pool(tasks: int, name: str) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(
-        min(NEW_LOG_THREADS, tasks), thread_name_prefix=name, initializer=_lower_thread_priority
+        min(NEW_LOG_THREADS, tasks), thread_name_prefix=name, initializer=lower_thread_priority
     )
 
 
@@ -408,6 +401,8 @@ class LogManager:
         for log_ in self.online_logs():
             if log_.topic in self.held_topics:
                 continue
+            if log_.io.busy:
+                continue  # a truncation replays its producer state on the I/O executor: next time
             deleted += log_.delete_retention_segments(now)
             log_.producer_state.remove_expired_producers(now, self.producer_id_expiration_ms)
         return deleted

@@ -80,16 +80,18 @@ def test_a_new_log_writes_no_empty_leader_epoch_file(tmp_path: Path) -> None:
     assert not (tmp_path / "leader-epoch-checkpoint").exists()
 
 
-def test_truncations_are_written_by_flush(tmp_path: Path) -> None:
+def test_truncations_from_the_start_are_written_by_flush_from_the_end_at_once(tmp_path: Path) -> None:
     cache = LeaderEpochFileCache(tmp_path, lambda: 30)
     cache.assign(1, 0)
     cache.assign(2, 10)
     cache.assign(3, 20)
-    cache.truncate_from_end(15)
+    cache.truncate_from_start(12)
     path = tmp_path / "leader-epoch-checkpoint"
     assert LeaderEpochCheckpointFile(path).read() == [(1, 0), (2, 10), (3, 20)]  # not yet
     cache.flush()
-    assert LeaderEpochCheckpointFile(path).read() == [(1, 0), (2, 10)]
+    assert LeaderEpochCheckpointFile(path).read() == [(2, 12), (3, 20)]
+    cache.truncate_from_end(15)
+    assert LeaderEpochCheckpointFile(path).read() == [(2, 12)]
 
 
 def test_a_log_start_offset_beyond_the_log_end_is_ignored(tmp_path: Path) -> None:

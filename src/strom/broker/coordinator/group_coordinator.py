@@ -88,6 +88,11 @@ class GroupCoordinator:
         # leads (Kafka's GroupCoordinator.onElection/onResignation); a single node owns them all.
         self._follows_leadership = follows_leadership
         self._owned: set[int] = set()
+        # Offsets partitions being loaded (off the loop): partition -> the leader epoch the load
+        # started in. Their groups answer COORDINATOR_LOAD_IN_PROGRESS until the load is adopted.
+        self._loading: dict[int, int] = {}
+        self._load_tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -106,27 +111,70 @@ class GroupCoordinator:
                 self._schedule_heartbeat_expiration(group, member)
 
     def shutdown(self) -> None:
+        self._stopped = True
+        self._loading.clear()
+        for task in self._load_tasks:
+            task.cancel()
+        self._manager.loader.shutdown()
         for group in self._groups.values():
             group.cancel_timers()
 
     # --- leadership of the offsets topic's partitions (a cluster) --------------------------
 
     def on_become_leader(self, tp: TopicPartition, leader_epoch: int) -> None:
-        """This broker now leads ``tp``: if it is an offsets partition, load its groups and
-        coordinate them from now on."""
-        if not self._follows_leadership or tp.topic != OFFSETS_TOPIC or tp.partition in self._owned:
+        """This broker now leads ``tp``: if it is an offsets partition, load its groups off the
+        loop and coordinate them once loaded (Kafka's scheduleLoadGroupAndOffsets)."""
+        if (
+            not self._follows_leadership
+            or self._stopped
+            or tp.topic != OFFSETS_TOPIC
+            or tp.partition in self._owned
+            or tp.partition in self._loading
+        ):
             return
-        self._owned.add(tp.partition)
-        self._adopt(self._manager.load([tp.partition]))
+        self._loading[tp.partition] = leader_epoch
+        task = self.loop.create_task(self._load(tp.partition, leader_epoch))
+        self._load_tasks.add(task)
+        task.add_done_callback(self._load_tasks.discard)
+
+    def _load_is_current(self, partition: int, leader_epoch: int) -> bool:
+        """The load of ``partition`` started in ``leader_epoch`` is still the one expected: no
+        resignation (and no new leadership after one) since it started."""
+        return self._loading.get(partition) == leader_epoch
+
+    async def _load(self, partition: int, leader_epoch: int) -> None:
+        def is_current() -> bool:
+            return self._load_is_current(partition, leader_epoch)
+
+        try:
+            groups = await self._manager.load_partition(partition, is_current)
+        except Exception:
+            # Not owned: its groups answer NOT_COORDINATOR rather than look empty.
+            log.exception("loading an offsets partition failed", extra={"partition": partition})
+            if is_current():
+                del self._loading[partition]
+            return
+        if groups is None or not is_current():
+            log.info(
+                "discarded a stale load of an offsets partition",
+                extra={"partition": partition, "leader_epoch": leader_epoch},
+            )
+            return
+        del self._loading[partition]
+        self._owned.add(partition)
+        self._adopt(groups)
         log.info(
             "coordinating the groups of an offsets partition",
-            extra={"partition": tp.partition, "leader_epoch": leader_epoch},
+            extra={"partition": partition, "leader_epoch": leader_epoch, "groups": len(groups)},
         )
 
     def on_become_follower(self, tp: TopicPartition) -> None:
         """This broker no longer leads ``tp``: unload its groups. Their members' waiting requests
         answer NOT_COORDINATOR; the clients find the new coordinator and rejoin there."""
-        if not self._follows_leadership or tp.topic != OFFSETS_TOPIC or tp.partition not in self._owned:
+        if not self._follows_leadership or tp.topic != OFFSETS_TOPIC:
+            return
+        self._loading.pop(tp.partition, None)  # a load in progress is stale now
+        if tp.partition not in self._owned:
             return
         self._owned.discard(tp.partition)
         unloaded = 0
@@ -154,10 +202,20 @@ class GroupCoordinator:
 
     def coordinator_error(self, group_id: str) -> ErrorCode:
         """NOT_COORDINATOR for a group this broker does not coordinate (in a cluster: the group's
-        offsets partition is led elsewhere), else NONE."""
-        if self._follows_leadership and self._partition_of(group_id) not in self._owned:
-            return ErrorCode.not_coordinator
+        offsets partition is led elsewhere), COORDINATOR_LOAD_IN_PROGRESS while its partition
+        loads, else NONE."""
+        if self._follows_leadership:
+            partition = self._partition_of(group_id)
+            if partition in self._loading:
+                return ErrorCode.coordinator_load_in_progress
+            if partition not in self._owned:
+                return ErrorCode.not_coordinator
         return ErrorCode.none
+
+    @property
+    def loading(self) -> bool:
+        """An offsets partition is loading (ListGroups then answers COORDINATOR_LOAD_IN_PROGRESS)."""
+        return bool(self._loading)
 
     def _is_current(self, group: ClassicGroup) -> bool:
         """``group`` is still the coordinator's (not unloaded, deleted or replaced meanwhile)."""

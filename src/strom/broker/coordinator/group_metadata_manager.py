@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from strom.broker.coordinator.group import ClassicGroup, GroupState, MemberMetadata, OffsetAndMetadata
+from strom.broker.coordinator.loader import LOAD_SLICE_BYTES, CoordinatorLoader, replay_records
 from strom.broker.coordinator.records import (
     CoordinatorRecordError,
     GroupMetadataKey,
@@ -32,12 +33,11 @@ from strom.broker.coordinator.records import (
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
 from strom.protocol.errors import ErrorCode
-from strom.records.codec import RecordSpec, decode_batches, encode_batch
+from strom.records.codec import RecordSpec, encode_batch
 
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
-_LOAD_READ_BYTES = 4 * 1024 * 1024
 
 
 def java_string_hash(value: str) -> int:
@@ -74,6 +74,7 @@ class GroupMetadataManager:
         # offsets.commit.timeout.ms: how long a write waits for the ISR before it fails.
         self._commit_timeout_ms = commit_timeout_ms
         self._time_ms = time_ms
+        self.loader = CoordinatorLoader()
 
     def partition_of(self, group_id: str) -> TopicPartition:
         return TopicPartition(OFFSETS_TOPIC, partition_for(group_id, self.num_partitions))
@@ -183,49 +184,30 @@ class GroupMetadataManager:
         """Every group and offset in the offsets topic's ``partitions`` (None: all), replayed in
         offset order up to the log end, as Kafka loads: a new leader's log is the partition's
         truth, and what it holds above its HW (a former leader's last writes, acknowledged once
-        the ISR had them) becomes committed as its followers fetch it."""
+        the ISR had them) becomes committed as its followers fetch it. Blocking: a single node
+        loads this way at startup, before it serves anyone."""
         started = time.monotonic()
-        metadata: dict[str, GroupMetadataValue] = {}
-        offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
+        groups: dict[str, ClassicGroup] = {}
         records = skipped = 0
         for partition_index in range(self.num_partitions) if partitions is None else partitions:
             partition = self._replica_manager.partition(TopicPartition(OFFSETS_TOPIC, partition_index))
             if partition is None or partition.offline:  # an offline log dir answers KAFKA_STORAGE_ERROR
                 continue
+            state = GroupLoad(partition_index)
             offset = partition.log_start_offset
             while offset < partition.log_end_offset:
                 data = partition.read_records(
-                    offset, _LOAD_READ_BYTES, min_one_batch=True, up_to_log_end=True
+                    offset, LOAD_SLICE_BYTES, min_one_batch=True, up_to_log_end=True
                 ).records
                 if not data:
                     break
-                for batch in decode_batches(data):
-                    offset = batch.header.last_offset + 1
-                    if batch.header.is_control:
-                        continue
-                    for record in batch.records:
-                        if record.key is None:
-                            skipped += 1
-                            continue
-                        try:
-                            self._replay(record.key, record.value, metadata, offsets)
-                            records += 1
-                        except CoordinatorRecordError as e:
-                            skipped += 1
-                            log.warning(
-                                "skipping an unreadable offsets-topic record",
-                                extra={
-                                    "partition": partition_index,
-                                    "offset": record.offset,
-                                    "error": str(e),
-                                },
-                            )
-        groups = {}
-        now = self._time_ms()
-        for group_id in metadata.keys() | offsets.keys():
-            group = _group_from_records(group_id, metadata.get(group_id), now)
-            group.offsets = offsets.get(group_id, {})
-            groups[group_id] = group
+                next_offset, replayed = replay_records(data, state.replay)
+                if next_offset <= offset:
+                    break
+                offset = next_offset
+                records += replayed
+            groups.update(state.groups(self._time_ms()))
+            skipped += state.skipped
         log.info(
             "loaded groups",
             extra={
@@ -237,32 +219,85 @@ class GroupMetadataManager:
         )
         return groups
 
-    @staticmethod
-    def _replay(
-        key_bytes: bytes,
-        value_bytes: bytes | None,
-        metadata: dict[str, GroupMetadataValue],
-        offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]],
-    ) -> None:
-        key = decode_key(key_bytes)
-        if isinstance(key, OffsetCommitKey):
-            tp = TopicPartition(key.topic, key.partition)
-            if value_bytes is None:
-                group_offsets = offsets.get(key.group)
-                if group_offsets is not None:
-                    group_offsets.pop(tp, None)
-                    if not group_offsets:
-                        del offsets[key.group]
-                return
-            v = decode_offset_commit_value(value_bytes)
-            offsets.setdefault(key.group, {})[tp] = OffsetAndMetadata(
-                v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp
+    async def load_partition(
+        self, partition_index: int, is_current: Callable[[], bool]
+    ) -> dict[str, ClassicGroup] | None:
+        """The groups of one offsets partition, replayed on the load worker (see loader); None
+        when ``is_current`` turned false meanwhile (the caller must not adopt a stale load)."""
+        partition = self._replica_manager.partition(TopicPartition(OFFSETS_TOPIC, partition_index))
+        if partition is None or partition.offline:  # an offline log dir answers KAFKA_STORAGE_ERROR
+            return {}
+        state = GroupLoad(partition_index)
+        stats = await self.loader.load(partition, state.replay, is_current)
+        if stats is None:
+            return None
+        now = self._time_ms()
+        groups = await self.loader.run(lambda: state.groups(now))
+        if not is_current():
+            return None
+        log.info(
+            "loaded groups",
+            extra={
+                "partition": partition_index,
+                "groups": len(groups),
+                "records": stats.records,
+                "skipped": state.skipped,
+                "ms": stats.millis,
+            },
+        )
+        return groups
+
+
+class GroupLoad:
+    """The state a load of one offsets partition replays records into (on the load worker)."""
+
+    def __init__(self, partition_index: int) -> None:
+        self.partition_index = partition_index
+        self.metadata: dict[str, GroupMetadataValue] = {}
+        self.offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
+        self.skipped = 0
+
+    def replay(self, key_bytes: bytes | None, value_bytes: bytes | None, offset: int) -> None:
+        if key_bytes is None:
+            self.skipped += 1
+            return
+        try:
+            key = decode_key(key_bytes)
+            if isinstance(key, OffsetCommitKey):
+                self._replay_offset(key, value_bytes)
+            elif isinstance(key, GroupMetadataKey):
+                if value_bytes is None:
+                    self.metadata.pop(key.group, None)
+                else:
+                    self.metadata[key.group] = decode_group_metadata_value(value_bytes)
+        except CoordinatorRecordError as e:
+            self.skipped += 1
+            log.warning(
+                "skipping an unreadable offsets-topic record",
+                extra={"partition": self.partition_index, "offset": offset, "error": str(e)},
             )
-        elif isinstance(key, GroupMetadataKey):
-            if value_bytes is None:
-                metadata.pop(key.group, None)
-            else:
-                metadata[key.group] = decode_group_metadata_value(value_bytes)
+
+    def _replay_offset(self, key: OffsetCommitKey, value_bytes: bytes | None) -> None:
+        tp = TopicPartition(key.topic, key.partition)
+        if value_bytes is None:
+            group_offsets = self.offsets.get(key.group)
+            if group_offsets is not None:
+                group_offsets.pop(tp, None)
+                if not group_offsets:
+                    del self.offsets[key.group]
+            return
+        v = decode_offset_commit_value(value_bytes)
+        self.offsets.setdefault(key.group, {})[tp] = OffsetAndMetadata(
+            v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp
+        )
+
+    def groups(self, now_ms: int) -> dict[str, ClassicGroup]:
+        groups = {}
+        for group_id in self.metadata.keys() | self.offsets.keys():
+            group = _group_from_records(group_id, self.metadata.get(group_id), now_ms)
+            group.offsets = self.offsets.get(group_id, {})
+            groups[group_id] = group
+        return groups
 
 
 def _group_from_records(group_id: str, value: GroupMetadataValue | None, now_ms: int) -> ClassicGroup:

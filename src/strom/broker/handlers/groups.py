@@ -192,10 +192,12 @@ async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     states = set(getattr(request, "states_filter", ()) or ())
     types = set(getattr(request, "types_filter", ()) or ())
-    groups = ctx.broker.group_coordinator.list_groups(states, types)
+    coordinator = ctx.broker.group_coordinator
+    groups = coordinator.list_groups(states, types)
     return build(
         r.ListGroupsResponse,
-        error_code=ErrorCode.none,
+        # As Kafka: the groups loaded so far, and the error while an offsets partition loads.
+        error_code=ErrorCode.coordinator_load_in_progress if coordinator.loading else ErrorCode.none,
         groups=tuple(
             build(
                 r.ListedGroup,
