@@ -21,16 +21,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
-from kio.schema.describe_groups.v5 import request as describe_groups5
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12 import request as fetch12
-from kio.schema.metadata.v12 import request as metadata12
 
 from brokerproc import BrokerProcess
 from kafka_wire import LATEST, KafkaWire
+from strom.protocol.framing import decode_response, response_correlation_id
 from strom.records.batch import CompressionType
 from strom.records.codec import RecordSpec, encode_batch
 from wire_requests import request_frame
@@ -130,12 +129,14 @@ def probe_topic(broker: BrokerProcess) -> None:
         assert wire.create_topic(PROBE_TOPIC) == ErrorCode.none
 
 
-def send_and_receive(
-    broker: BrokerProcess, frame: bytes, request_type: type[Any], correlation_id: int
-) -> Any:
+def send_and_receive(broker: BrokerProcess, frame: bytes, correlation_id: int) -> bytes:
+    """The response frame to ``frame``, undecoded: decoding a million entities holds this process's
+    GIL for seconds, which must not count against the probe (a thread of this process)."""
     with KafkaWire(*host_port(broker), timeout=SLOW_ANSWER_TIMEOUT_S) as wire:
         wire.send_raw(frame)
-        return wire.receive(request_type, correlation_id)
+        response = wire.recv_frame()
+    assert response_correlation_id(response) == correlation_id
+    return response
 
 
 # -- item 13: small requests that would cost seconds -----------------------------------------
@@ -146,23 +147,21 @@ def test_describe_groups_naming_500000_groups_leaves_others_served(broker: Broke
     body = uvarint(count + 1) + compact_string("") * count + b"\x00" + b"\x00"
     frame = request_frame(15, 5, 7, body)
 
-    response, probe = while_probed(
-        broker, lambda: send_and_receive(broker, frame, describe_groups5.DescribeGroupsRequest, 7)
-    )
+    answer, probe = while_probed(broker, lambda: send_and_receive(broker, frame, 7))
+    response = decode_response(answer, 15, 5)
     assert len(response.groups) == count
     assert {g.error_code for g in response.groups} == {ErrorCode.invalid_group_id}
     assert probe.slowest < MAX_PROBE_ROUND_TRIP_S, probe.slowest
 
 
-def test_metadata_naming_600000_topics_leaves_others_served(broker: BrokerProcess) -> None:
-    count = 600_000
+def test_metadata_naming_300000_topics_leaves_others_served(broker: BrokerProcess) -> None:
+    count = 300_000
     # Each topic: the zero topic id and an empty (invalid) name; no auto-creation.
     body = uvarint(count + 1) + (b"\0" * 16 + compact_string("") + b"\x00") * count + b"\x00\x00\x00"
     frame = request_frame(3, 12, 8, body)
 
-    response, probe = while_probed(
-        broker, lambda: send_and_receive(broker, frame, metadata12.MetadataRequest, 8)
-    )
+    answer, probe = while_probed(broker, lambda: send_and_receive(broker, frame, 8))
+    response = decode_response(answer, 3, 12)
     assert len(response.topics) == count
     assert {t.error_code for t in response.topics} == {ErrorCode.invalid_topic_exception}
     assert probe.slowest < MAX_PROBE_ROUND_TRIP_S, probe.slowest
@@ -187,20 +186,21 @@ def fetch_frame(
     return request_frame(1, 12, correlation_id, body)
 
 
-def test_fetch_of_400000_partitions_leaves_others_served_and_opens_no_huge_session(
+def test_fetch_of_250000_partitions_leaves_others_served_and_opens_no_huge_session(
     broker: BrokerProcess,
 ) -> None:
-    count = 400_000
+    count = 250_000
     frame = fetch_frame(PROBE_TOPIC, range(count), 9)
     assert len(frame) < REQUEST_MAX_BYTES
 
-    response, probe = while_probed(broker, lambda: send_and_receive(broker, frame, fetch12.FetchRequest, 9))
+    answer, probe = while_probed(broker, lambda: send_and_receive(broker, frame, 9))
+    response = decode_response(answer, 1, 12)
     assert probe.slowest < MAX_PROBE_ROUND_TRIP_S, probe.slowest
     (topic,) = response.responses
     assert len(topic.partitions) == count
     assert topic.partitions[0].error_code == ErrorCode.none
     assert {p.error_code for p in topic.partitions[1:]} == {ErrorCode.unknown_topic_or_partition}
-    # A session of 400,000 partitions would keep a hundred MB: the fetch is answered without one.
+    # A session of 250,000 partitions would keep 70 MB: the fetch is answered without one.
     assert response.session_id == 0
 
 
@@ -301,16 +301,16 @@ def test_partial_requests_holding_the_request_memory_cannot_starve_other_clients
     sent = announced - (1 << 20)
     with KafkaWire(*host_port(broker), timeout=60) as existing:
         assert existing.metadata(PROBE_TOPIC).topics[0].error_code == ErrorCode.none
+        started = time.monotonic()
         with partial_requests(broker, 4, announced, sent, interval=2.0):
-            started = time.monotonic()
             # An existing client's requests are answered, each of a few in turn (once memory is
             # exhausted its connection stops being read after each request).
             for _ in range(3):
                 assert existing.metadata(PROBE_TOPIC).topics[0].error_code == ErrorCode.none
             waited = time.monotonic() - started
-    # Each trickler let through to finish is closed once it falls behind the minimum rate
-    # (after its 2 s grace), and the next one after it, until the memory suffices again.
-    assert waited < 20, waited
+    # Each trickler let through to finish is closed once it falls behind the minimum rate (over
+    # a 2 s window), and the next one after it, until the memory suffices again.
+    assert waited < 30, waited
 
 
 # -- item 15: compression bombs by count -------------------------------------------------------

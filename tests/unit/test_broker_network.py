@@ -147,24 +147,26 @@ def test_when_the_finishing_sender_leaves_another_partial_request_may_finish() -
 def test_the_request_let_through_must_keep_arriving_or_lose_its_connection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(network, "PROGRESS_GRACE_S", 0.05)
-    monkeypatch.setattr(network, "PROGRESS_CHECK_S", 0.02)
-    monkeypatch.setattr(network, "MIN_PROGRESS_RATE", 10_000)
+    monkeypatch.setattr(network, "PROGRESS_WINDOW_S", 0.05)
+    monkeypatch.setattr(network, "MIN_PROGRESS_RATE", 2_000)  # 100 bytes a window
 
     async def run() -> None:
         shared = limits(memory=1000)
         a, ta = connect(shared)
         b, tb = connect(shared)
         c, tc = connect(shared)
-        a.data_received(struct.pack(">i", 800) + b"a" * 700)
+        a.data_received(struct.pack(">i", 800) + b"a" * 600)
         b.data_received(struct.pack(">i", 800) + b"b" * 550)
         assert ta.reading and not tb.reading  # a may finish
-        for _ in range(10):  # a trickle: far below the minimum rate
-            a.data_received(b"a")
+        a.data_received(b"a" * 150)  # enough for the first window, but it buys nothing after
+        for _ in range(10):  # then a trickle: far below the minimum rate
             await asyncio.sleep(0.02)
+            a.data_received(b"a")
+            if ta.closed:
+                break
         assert ta.closed  # a lost its connection and its memory
         assert tb.reading  # memory suffices again: b (and everyone) reads
-        assert shared.memory.used == 554
+        assert shared.memory.used == 554  # b's
         c.data_received(struct.pack(">i", 10) + b"c" * 10)  # served as usual
         await asyncio.sleep(0)
         assert tc.written

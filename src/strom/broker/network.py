@@ -16,7 +16,7 @@ A request must keep arriving: only a whole request (or a response) counts as act
 ``connections.max.idle.ms``, so a sender that trickles a byte now and then without ever
 finishing its request is closed as idle, its bytes released. And when only requests still
 arriving hold the memory, the one let through to finish must arrive at ``MIN_PROGRESS_RATE``
-once ``PROGRESS_GRACE_S`` have passed, or lose its connection (see ``RequestMemory``). ``ConnectionQuotas`` enforces
+in every ``PROGRESS_WINDOW_S``, or lose its connection (see ``RequestMemory``). ``ConnectionQuotas`` enforces
 ``max.connections`` and ``max.connections.per.ip`` (with its overrides) at accept time:
 a connection over a limit is closed at once, the newest one, as KIP-402 does.
 """
@@ -43,15 +43,14 @@ class CloseConnection(Exception):
 RequestHandler = Callable[["KafkaConnection", memoryview], Awaitable[bytes | None]]
 
 # While request memory is exhausted and held only by requests still arriving, the request let
-# through must arrive at this rate (bytes per second since it was let through, after the grace),
-# else its connection is closed and the next one is let through. Kafka's clients give up on a
-# request after request.timeout.ms (30 s): at 1 MiB/s a 30 MiB request arrives in time, and a
-# sender slower than this would only hold every other client hostage for a request its own
-# client abandons. Kafka has no such rule (its default queued.max.request.bytes is unbounded).
+# through must receive MIN_PROGRESS_RATE bytes a second in every window of PROGRESS_WINDOW_S (or
+# finish), else its connection is closed and the next one is let through. Kafka's clients give up
+# on a request after request.timeout.ms (30 s): at 1 MiB/s a 30 MiB request arrives in time, and a
+# sender slower than this would only hold every other client hostage for a request its own client
+# abandons. Windows, not an average: a burst cannot buy a stall. Kafka has no such rule (its
+# default queued.max.request.bytes is unbounded).
 MIN_PROGRESS_RATE = 1 << 20
-PROGRESS_GRACE_S = 2.0
-# How often the request let through is checked against MIN_PROGRESS_RATE.
-PROGRESS_CHECK_S = 0.5
+PROGRESS_WINDOW_S = 2.0
 
 
 class RequestMemory:
@@ -63,8 +62,8 @@ class RequestMemory:
     connection furthest into its request is let through to finish it: memory stays
     bounded by the limit plus one request (plus the one read each connection may have
     in progress when the bound is reached). The request let through must then arrive at
-    MIN_PROGRESS_RATE after PROGRESS_GRACE_S, else its connection is closed (freeing its bytes)
-    and the next is let through: no set of slow senders can wedge the rest.
+    MIN_PROGRESS_RATE in every PROGRESS_WINDOW_S, else its connection is closed (freeing its
+    bytes) and the next is let through: no set of slow senders can wedge the rest.
     """
 
     def __init__(self, limit: int) -> None:
@@ -73,8 +72,7 @@ class RequestMemory:
         self.answerable = 0  # of ``used``, the bytes of whole requests: responses will free them
         self._waiting: set[KafkaConnection] = set()
         self._exempt: KafkaConnection | None = None
-        # When the exempt connection was let through, with how many bytes of its request.
-        self._exempt_since = 0.0
+        # How many bytes of its request the exempt connection had when its current window began.
         self._exempt_from_bytes = 0
         self._progress_check: asyncio.TimerHandle | None = None
 
@@ -129,28 +127,28 @@ class RequestMemory:
             self._progress_check.cancel()
             self._progress_check = None
         if connection is not None:
-            self._exempt_since = time.monotonic()
             self._exempt_from_bytes = connection.partial_bytes
             self._progress_check = asyncio.get_running_loop().call_later(
-                PROGRESS_CHECK_S, self._check_progress
+                PROGRESS_WINDOW_S, self._check_progress
             )
 
     def _check_progress(self) -> None:
-        """Close the exempt connection if its request stopped arriving at MIN_PROGRESS_RATE."""
+        """At the end of a window: close the exempt connection if its request fell behind
+        MIN_PROGRESS_RATE during it."""
         self._progress_check = None
         exempt = self._exempt
         if exempt is None:
             return
-        elapsed = time.monotonic() - self._exempt_since
         received = exempt.partial_bytes - self._exempt_from_bytes
-        if elapsed > PROGRESS_GRACE_S and received < MIN_PROGRESS_RATE * (elapsed - PROGRESS_GRACE_S):
+        if received < MIN_PROGRESS_RATE * PROGRESS_WINDOW_S:
             log.warning(
                 "closing connection: its request stalls while it alone may use the exhausted request memory",
-                extra={"peer": exempt.peer, "received": received, "seconds": round(elapsed, 1)},
+                extra={"peer": exempt.peer, "received": received, "seconds": PROGRESS_WINDOW_S},
             )
             exempt.close()  # forgets it (ending the exemption) and lets the next one through
             return
-        self._progress_check = asyncio.get_running_loop().call_later(PROGRESS_CHECK_S, self._check_progress)
+        self._exempt_from_bytes = exempt.partial_bytes
+        self._progress_check = asyncio.get_running_loop().call_later(PROGRESS_WINDOW_S, self._check_progress)
 
 
 @dataclass(slots=True)

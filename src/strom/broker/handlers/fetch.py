@@ -46,7 +46,9 @@ def replica_id_of(version: int, request: Any) -> int:
     return int(getattr(request, "replica_id", -1))
 
 
-def requested_partitions(version: int, request: Any) -> tuple[list[RequestedPartition], list[PartitionKey]]:
+async def requested_partitions(
+    version: int, request: Any
+) -> tuple[list[RequestedPartition], list[PartitionKey]]:
     """The partitions a fetch lists and those it forgets, keyed by topic id from v13, else name.
 
     A partition listed twice is one partition, with the later request, as in Kafka (whose
@@ -55,9 +57,9 @@ def requested_partitions(version: int, request: Any) -> tuple[list[RequestedPart
     """
     by_id = version >= 13
     requested: dict[PartitionKey, RequestedPartition] = {}
-    for fetch_topic in request.topics:
+    async for fetch_topic in sliced(request.topics):
         topic_key = fetch_topic.topic_id if by_id else fetch_topic.topic
-        for p in fetch_topic.partitions:
+        async for p in sliced(fetch_topic.partitions):
             key = (topic_key, p.partition)
             requested[key] = RequestedPartition(
                 key,
@@ -81,7 +83,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     by_id = ctx.version >= 13
     replica_id = replica_id_of(ctx.version, request)
-    requested, forgotten = requested_partitions(ctx.version, request)
+    requested, forgotten = await requested_partitions(ctx.version, request)
     # Before v7 there are no sessions: every fetch is a sessionless full fetch.
     context = broker.fetch_sessions.new_context(
         getattr(request, "session_id", INVALID_SESSION_ID),
