@@ -216,15 +216,20 @@ def test_handler_sends_everything_first_then_only_changes() -> None:
 
 
 class Connection:
-    """A session owner: calls its close callbacks when closed."""
+    """A session owner: calls its close callbacks when closed (at once once it is closed)."""
 
     def __init__(self) -> None:
         self.callbacks: dict[object, Callable[[], None]] = {}
+        self.closed = False
 
     def on_close(self, key: object, callback: Callable[[], None]) -> None:
-        self.callbacks[key] = callback
+        if self.closed:
+            callback()
+        else:
+            self.callbacks[key] = callback
 
     def close(self) -> None:
+        self.closed = True
         for callback in self.callbacks.values():
             callback()
 
@@ -268,3 +273,12 @@ def test_the_cache_holds_a_bounded_number_of_partitions() -> None:
     clock.now += EVICTION_MS + 1
     assert open_session(cache, [req(i) for i in range(4)]) != INVALID_SESSION_ID
     assert cache.get(stale) is None and cache.cached_partitions == 4
+
+
+def test_a_session_opened_for_a_connection_already_closed_ends_at_once() -> None:
+    cache = FetchSessionCache(10)
+    gone = Connection()
+    gone.close()  # while its fetch waited
+    session_id = open_owned_session(cache, [req(0)], gone)
+    assert session_id != INVALID_SESSION_ID  # the answer names it, but nothing is kept
+    assert cache.get(session_id) is None and len(cache) == 0 and cache.cached_partitions == 0

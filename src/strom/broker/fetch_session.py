@@ -333,10 +333,12 @@ class FetchSessionCache:
         self.cached_partitions += len(partitions)
         if owner is not None:
             owned = self._by_owner.get(owner)
-            if owned is None:
-                owned = self._by_owner[owner] = set()
+            if owned is not None:
+                owned.add(session_id)
+            else:
+                self._by_owner[owner] = {session_id}
+                # Last: a connection that closed while this fetch waited calls back at once.
                 owner.on_close(self, lambda: self._owner_closed(owner))
-            owned.add(session_id)
         return session_id
 
     def _new_session_id(self) -> int:
