@@ -5,7 +5,8 @@ metadata; it must be answered within a generous bound throughout (the broker ser
 one event loop, so a request that holds the loop for seconds stalls every client):
 
 - small requests naming hundreds of thousands of groups, topics or partitions (issue 17, item 13),
-  and the fetch session such a fetch would open, which must not outlive its connection;
+  the fetch session such a fetch would open, which must not outlive its connection, and the
+  topics a Metadata request may auto-create;
 - partial requests that hold the shared request memory while trickling a byte now and then
   (item 14; the idle timeout's part of it is in test_idle_connections.py);
 - a produce of many compressed batches, each within its own bound, that together inflate to
@@ -21,11 +22,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12 import request as fetch12
+from kio.schema.metadata.v12 import request as metadata12
 
 from brokerproc import BrokerProcess
 from kafka_wire import LATEST, KafkaWire
@@ -40,6 +42,8 @@ BROKER_CONFIG = {
     "socket.request.max.bytes": str(REQUEST_MAX_BYTES),
     "queued.max.request.bytes": str(REQUEST_MEMORY),
     "max.incremental.fetch.session.cache.slots": "1",
+    # Two auto-created topics would have more partitions than one request may create.
+    "num.partitions": "5001",
 }
 PROBE_TOPIC = "bounds-probe"
 # The probe's slowest answer may take this long on a busy 2-core machine; a request that holds
@@ -107,6 +111,12 @@ class Probe(threading.Thread):
         self.join(90)
 
 
+def metadata_all_topics() -> Any:
+    return metadata12.MetadataRequest(
+        topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+    )
+
+
 def while_probed(broker: BrokerProcess, action: Callable[[], T]) -> tuple[T, Probe]:
     """``action``'s result while a probe asks for metadata; the probe, stopped, for its timings."""
     probe = Probe(*host_port(broker))
@@ -167,6 +177,20 @@ def test_metadata_naming_a_topic_250000_times_leaves_others_served(broker: Broke
         (PROBE_TOPIC, ErrorCode.none, 1)
     }
     assert probe.slowest < MAX_PROBE_ROUND_TRIP_S, probe.slowest
+
+
+def test_metadata_auto_creates_at_most_10000_partitions_per_request(broker: BrokerProcess) -> None:
+    with KafkaWire(*host_port(broker), timeout=SLOW_ANSWER_TIMEOUT_S) as wire:
+        started = time.monotonic()
+        # 2 x 5,001 partitions: Kafka's controller refuses the whole batch, so nothing is created.
+        response = wire.metadata("auto-created-a", "auto-created-b")
+        assert time.monotonic() - started < 10
+        assert [(t.name, t.error_code) for t in response.topics] == [
+            ("auto-created-a", ErrorCode.unknown_topic_or_partition),
+            ("auto-created-b", ErrorCode.unknown_topic_or_partition),
+        ]
+        listed = {t.name for t in wire.request(metadata_all_topics()).topics}
+        assert not listed & {"auto-created-a", "auto-created-b"}
 
 
 def fetch_frame(

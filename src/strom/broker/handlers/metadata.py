@@ -1,4 +1,5 @@
-"""Metadata (3): brokers, topics (with topic IDs) and partition leadership; auto-creates topics."""
+"""Metadata (3): brokers, topics (with topic IDs) and partition leadership; auto-creates topics
+(at most MAX_PARTITIONS_PER_REQUEST partitions per request, as Kafka's controller allows)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from strom.broker.cluster.metadata import PartitionState, TopicState
 from strom.broker.cluster.zookeeper import LeaderNotAvailableError
 from strom.broker.dispatcher import RequestContext
 from strom.broker.handlers.partition_view import partition_view
+from strom.broker.handlers.topics import MAX_PARTITIONS_PER_REQUEST
 from strom.broker.slices import ArrayBuilder, sliced
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, ZERO_UUID, build
@@ -84,6 +86,24 @@ def _error_topic(ctx: RequestContext, error: ErrorCode, name: str | None, topic_
     )
 
 
+async def _within_creation_cap(ctx: RequestContext, wanted: Any) -> bool:
+    """Whether the topics this request would auto-create have at most MAX_PARTITIONS_PER_REQUEST
+    partitions together. Kafka's controller refuses a batch of more (auto-creation sends it one
+    CreateTopics per Metadata request), so no topic of it is created; nor is one here, and each
+    is answered as if auto-creation were off."""
+    image = ctx.broker.control_plane.image
+    missing: set[str] = set()
+    async for topic in sliced(wanted):
+        name = getattr(topic, "name", None)
+        if name and name not in missing and image.topic(name) is None:
+            try:
+                validate_topic_name(name)
+            except InvalidTopicError:
+                continue
+            missing.add(name)
+    return len(missing) * ctx.broker.config.num_partitions <= MAX_PARTITIONS_PER_REQUEST
+
+
 async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     image = broker.control_plane.image
@@ -92,6 +112,8 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     allow_auto_create = (
         getattr(request, "allow_auto_topic_creation", True) and broker.config.auto_create_topics_enable
     )
+    if allow_auto_create and not all_topics:
+        allow_auto_create = await _within_creation_cap(ctx, request.topics)
     # Kafka bounds the topics of one request only by its size: a request naming 400,000 topics
     # is answered a slice at a time, other clients served in between.
     r = ctx.response
