@@ -6,6 +6,9 @@ import asyncio
 import struct
 from typing import Any
 
+import pytest
+
+from strom.broker import network
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 
 
@@ -137,5 +140,55 @@ def test_when_the_finishing_sender_leaves_another_partial_request_may_finish() -
         b.close()
         c.close()
         assert shared.memory.used == 0 and shared.memory.answerable == 0
+
+    asyncio.run(run())
+
+
+def test_the_request_let_through_must_keep_arriving_or_lose_its_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(network, "PROGRESS_WINDOW_S", 0.05)
+    monkeypatch.setattr(network, "MIN_PROGRESS_RATE", 2_000)  # 100 bytes a window
+
+    async def run() -> None:
+        shared = limits(memory=1000)
+        a, ta = connect(shared)
+        b, tb = connect(shared)
+        c, tc = connect(shared)
+        a.data_received(struct.pack(">i", 800) + b"a" * 600)
+        b.data_received(struct.pack(">i", 800) + b"b" * 550)
+        assert ta.reading and not tb.reading  # a may finish
+        a.data_received(b"a" * 150)  # enough for the first window, but it buys nothing after
+        for _ in range(10):  # then a trickle: far below the minimum rate
+            await asyncio.sleep(0.02)
+            a.data_received(b"a")
+            if ta.closed:
+                break
+        assert ta.closed  # a lost its connection and its memory
+        assert tb.reading  # memory suffices again: b (and everyone) reads
+        assert shared.memory.used == 554  # b's
+        c.data_received(struct.pack(">i", 10) + b"c" * 10)  # served as usual
+        await asyncio.sleep(0)
+        assert tc.written
+        b.close()
+        c.close()
+        assert shared.memory.used == 0
+
+    asyncio.run(run())
+
+
+def test_bytes_of_an_unfinished_request_are_not_activity() -> None:
+    async def run() -> None:
+        shared = limits(memory=10_000)
+        a, _ = connect(shared)
+        connected = a.last_active
+        a.data_received(struct.pack(">i", 800) + b"a" * 10)
+        await asyncio.sleep(0.01)
+        a.data_received(b"a" * 10)
+        assert a.last_active == connected
+        assert a.idle_since(connected + 5) == pytest.approx(5)
+        a.data_received(b"a" * 780)  # the request is whole: that is activity
+        assert a.last_active > connected
+        a.close()
 
     asyncio.run(run())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from strom.broker.fetch_session import (
     EVICTION_MS,
@@ -212,3 +213,72 @@ def test_handler_sends_everything_first_then_only_changes() -> None:
     # A lost connection: the next fetch is full.
     handler.handle_error()
     assert handler.build({"a": 6}).epoch == INITIAL_EPOCH
+
+
+class Connection:
+    """A session owner: calls its close callbacks when closed (at once once it is closed)."""
+
+    def __init__(self) -> None:
+        self.callbacks: dict[object, Callable[[], None]] = {}
+        self.closed = False
+
+    def on_close(self, key: object, callback: Callable[[], None]) -> None:
+        if self.closed:
+            callback()
+        else:
+            self.callbacks[key] = callback
+
+    def close(self) -> None:
+        self.closed = True
+        for callback in self.callbacks.values():
+            callback()
+
+
+def open_owned_session(
+    cache: FetchSessionCache, partitions: list[RequestedPartition], owner: Connection
+) -> int:
+    context = cache.new_context(
+        INVALID_SESSION_ID, INITIAL_EPOCH, partitions, [], uses_topic_ids=True, privileged=False, owner=owner
+    )
+    return context.respond({p.key: answer() for p in partitions})[1]
+
+
+def test_sessions_end_with_the_connection_that_opened_them() -> None:
+    cache = FetchSessionCache(10)
+    first, second = Connection(), Connection()
+    ids = [open_owned_session(cache, [req(0), req(1)], first) for _ in range(2)]
+    kept = open_owned_session(cache, [req(0)], second)
+    assert len(cache) == 3 and cache.cached_partitions == 5
+    first.close()
+    assert [cache.get(i) for i in ids] == [None, None]
+    assert cache.get(kept) is not None and cache.cached_partitions == 1
+
+
+def test_the_cache_holds_a_bounded_number_of_partitions() -> None:
+    clock = Clock()
+    cache = FetchSessionCache(10, clock=clock, max_partitions=5)
+    assert open_session(cache, [req(i) for i in range(6)]) == INVALID_SESSION_ID
+    small = open_session(cache, [req(i) for i in range(3)])
+    assert small != INVALID_SESSION_ID
+    # Three more would pass the bound, and the small session is neither stale nor old enough.
+    assert open_session(cache, [req(i) for i in range(3)]) == INVALID_SESSION_ID
+    # An incremental fetch that grows the session past the bound ends it: answered in full.
+    context = cache.new_context(
+        small, 1, [req(i) for i in range(3, 6)], [], uses_topic_ids=True, privileged=False
+    )
+    assert context.session is None and len(context.partitions) == 6
+    assert cache.get(small) is None and cache.cached_partitions == 0
+    # A stale session makes room.
+    stale = open_session(cache, [req(i) for i in range(4)])
+    clock.now += EVICTION_MS + 1
+    assert open_session(cache, [req(i) for i in range(4)]) != INVALID_SESSION_ID
+    assert cache.get(stale) is None and cache.cached_partitions == 4
+
+
+def test_a_session_opened_for_a_connection_already_closed_ends_at_once() -> None:
+    cache = FetchSessionCache(10)
+    gone = Connection()
+    gone.close()  # while its fetch waited
+    session_id = open_owned_session(cache, [req(0)], gone)
+    assert session_id != INVALID_SESSION_ID  # the answer names it, but nothing is kept
+    assert cache.get(session_id) is None and len(cache) == 0 and cache.cached_partitions == 0

@@ -175,7 +175,13 @@ _IMPLEMENTED = (
         None,
         "SO_RCVBUF of client sockets (-1: OS default).",
     ),
-    _key("connections.max.idle.ms", T.LONG, 600000, None, "Close connections idle this long."),
+    _key(
+        "connections.max.idle.ms",
+        T.LONG,
+        600000,
+        None,
+        "Close connections idle this long (bytes of a request still arriving are not activity).",
+    ),
     _key(
         "queued.max.requests",
         T.INT,

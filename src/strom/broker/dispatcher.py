@@ -6,11 +6,14 @@ client can retry with a version it finds in the list); anything else that cannot
 be decoded -- unknown API key, unsupported version, malformed body -- closes the
 connection. Every body is walked by ``strom.protocol.guard`` before kio decodes it
 (``decode_body``), so no length read from the wire can make the decoder allocate more
-than the frame holds, and a handler never sees a null where the schema allows none.
+than the frame holds, and a handler never sees a null where the schema allows none. A frame
+of more than ``WORKER_DECODE_BYTES`` is walked and decoded on a worker thread: a 2 MB request
+of a million one-byte names costs the walk a second, which the event loop must not wait for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -34,6 +37,10 @@ if TYPE_CHECKING:
     from strom.broker.server import BrokerServer
 
 log = logging.getLogger(__name__)
+
+# Frames larger than this are walked and decoded on a worker thread (a produce of 256 KiB of
+# records is one step of the walk, but 256 KiB of names are a hundred thousand).
+WORKER_DECODE_BYTES = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -65,6 +72,11 @@ def _unsupported_api_versions_response(correlation_id: int) -> bytes:
     return struct.pack(">i", len(body)) + body
 
 
+def _decode_request(api_key: int, version: int, frame: memoryview) -> tuple[RequestHeader, Any]:
+    header, body_offset = parse_request_header(frame)
+    return header, decode_body(request_entity(api_key, version), frame, body_offset)
+
+
 class RequestDispatcher:
     def __init__(self, broker: BrokerServer, handlers: dict[ApiKey, Handler]) -> None:
         self._broker = broker
@@ -90,8 +102,12 @@ class RequestDispatcher:
         if rejected is not None and version in rejected:
             raise CloseConnection(f"{key.name} v{version} is no longer supported (KIP-896)")
         try:
-            header, body_offset = parse_request_header(frame)
-            request = decode_body(request_entity(api_key, version), frame, body_offset)
+            if len(frame) > WORKER_DECODE_BYTES:
+                header, request = await asyncio.get_running_loop().run_in_executor(
+                    None, _decode_request, api_key, version, frame
+                )
+            else:
+                header, request = _decode_request(api_key, version, frame)
         except ProtocolError as exc:
             raise CloseConnection(f"malformed {key.name} v{version} request: {exc}") from exc
         handler = self._handlers[key]

@@ -11,11 +11,17 @@ that follows a thousand idle partitions thus sends and receives almost nothing.
 
 Epoch -1 (with session id 0) is a sessionless full fetch, as every fetch was before KIP-227; a
 full fetch naming a session closes it. Sessions live in a cache of
-``max.incremental.fetch.session.cache.slots`` entries, independent of connections (a fetcher
-may reconnect and go on). When the cache is full a new session takes the place of a stale one
-(unused for two minutes), else of the least valuable: followers' sessions (privileged) evict
-consumers' ones, and among consumers a session with more partitions evicts one with fewer
-once that one is two minutes old -- Kafka's rule.
+``max.incremental.fetch.session.cache.slots`` entries. When the cache is full a new session
+takes the place of a stale one (unused for two minutes), else of the least valuable: followers'
+sessions (privileged) evict consumers' ones, and among consumers a session with more partitions
+evicts one with fewer once that one is two minutes old -- Kafka's rule.
+
+Two bounds Kafka does not have, so that fetch sessions cannot hold the broker's memory (one of
+400,000 partitions kept 110 MB): a session ends with the connection that opened it (Kafka's
+clients never carry a session over to a new connection: after a disconnection their next fetch
+is a full one that opens a new session), and the cache holds at most ``MAX_CACHED_PARTITIONS``
+partitions over all sessions -- a session that would take it past that is not opened, or ends,
+and its fetch is answered in full without a session, as when no slot is free.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from strom.broker.replica_manager import FetchResult
 from strom.protocol.errors import ErrorCode
@@ -36,6 +43,16 @@ FINAL_EPOCH = -1  # a full fetch without a session (or one that closes the sessi
 # may take its slot (Kafka's FETCH_SESSION_EVICTION_MS, not configurable there either).
 EVICTION_MS = 120_000
 _INT_MAX = 0x7FFFFFFF
+# The most partitions all sessions together may cache (a few hundred bytes each): ten followers'
+# sessions of a broker with Kafka's suggested 4,000 partitions per broker, five times over.
+MAX_CACHED_PARTITIONS = 200_000
+
+
+class SessionOwner(Protocol):
+    """The connection a session was opened on: it calls back when it closes."""
+
+    def on_close(self, key: object, callback: Callable[[], None]) -> None: ...
+
 
 # A partition of a session: (topic id from Fetch v13, else topic name; partition index).
 TopicKey = uuid.UUID | str
@@ -106,8 +123,10 @@ class FetchSession:
         uses_topic_ids: bool,
         partitions: dict[PartitionKey, CachedPartition],
         now_ms: int,
+        owner: SessionOwner | None = None,
     ) -> None:
         self.id = session_id
+        self.owner = owner
         # A follower's session; it may evict consumers' sessions.
         self.privileged = privileged
         self.uses_topic_ids = uses_topic_ids
@@ -153,8 +172,10 @@ class FetchContext:
         create_session: bool = False,
         privileged: bool = False,
         uses_topic_ids: bool = False,
+        owner: SessionOwner | None = None,
     ) -> None:
         self._cache = cache
+        self._owner = owner
         self.partitions = partitions
         self.error = error
         self.session = session
@@ -176,7 +197,7 @@ class FetchContext:
             session_id = INVALID_SESSION_ID
             if self._create_session:
                 session_id = self._cache.maybe_create_session(
-                    self._privileged, self._uses_topic_ids, self.partitions, results
+                    self._privileged, self._uses_topic_ids, self.partitions, results, self._owner
                 )
             return ErrorCode.none, session_id, keys
         if session.epoch != self._expected_epoch or self._cache.get(session.id) is not session:
@@ -194,15 +215,23 @@ class FetchContext:
 
 
 class FetchSessionCache:
-    """The broker's fetch sessions, at most ``max_entries`` of them (Kafka's FetchSessionCache)."""
+    """The broker's fetch sessions, at most ``max_entries`` of them with at most ``max_partitions``
+    partitions together (Kafka's FetchSessionCache, which has only the first bound)."""
 
     def __init__(
-        self, max_entries: int, eviction_ms: int = EVICTION_MS, clock: Callable[[], int] = monotonic_ms
+        self,
+        max_entries: int,
+        eviction_ms: int = EVICTION_MS,
+        clock: Callable[[], int] = monotonic_ms,
+        max_partitions: int = MAX_CACHED_PARTITIONS,
     ) -> None:
         self.max_entries = max_entries
+        self.max_partitions = max_partitions
         self.eviction_ms = eviction_ms
         self._clock = clock
         self._sessions: dict[int, FetchSession] = {}
+        self._by_owner: dict[SessionOwner, set[int]] = {}
+        self.cached_partitions = 0  # over all sessions
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -212,7 +241,18 @@ class FetchSessionCache:
         return self._sessions.get(session_id)
 
     def remove(self, session_id: int) -> FetchSession | None:
-        return self._sessions.pop(session_id, None)
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            self.cached_partitions -= len(session.partitions)
+            owned = self._by_owner.get(session.owner) if session.owner is not None else None
+            if owned is not None:
+                owned.discard(session_id)
+        return session
+
+    def _owner_closed(self, owner: SessionOwner) -> None:
+        """The connection ``owner`` closed: its sessions end, their memory freed."""
+        for session_id in self._by_owner.pop(owner, ()):
+            self.remove(session_id)
 
     def new_context(
         self,
@@ -223,8 +263,10 @@ class FetchSessionCache:
         *,
         uses_topic_ids: bool,
         privileged: bool,
+        owner: SessionOwner | None = None,
     ) -> FetchContext:
-        """Kafka's FetchManager.newContext: what a fetch with this metadata reads and answers."""
+        """Kafka's FetchManager.newContext: what a fetch with this metadata reads and answers;
+        a session it opens ends when ``owner`` (its connection) closes."""
         if epoch in (INITIAL_EPOCH, FINAL_EPOCH):
             if session_id != INVALID_SESSION_ID:
                 # A full fetch closes the session it names.
@@ -235,6 +277,7 @@ class FetchSessionCache:
                 create_session=epoch == INITIAL_EPOCH,
                 privileged=privileged,
                 uses_topic_ids=uses_topic_ids,
+                owner=owner,
             )
         session = self._sessions.get(session_id)
         if session is None:
@@ -244,11 +287,18 @@ class FetchSessionCache:
         if session.uses_topic_ids != uses_topic_ids:
             # The session was made with topic ids (v13+) and this fetch has names, or the reverse.
             return FetchContext(self, [], error=ErrorCode.fetch_session_topic_id_error)
+        before = len(session.partitions)
         session.update(requested, forgotten)
+        self.cached_partitions += len(session.partitions) - before
         if not session.partitions:
             # Nothing left to follow: the session ends and this fetch is answered without one.
             self.remove(session.id)
             return FetchContext(self, requested)
+        if self.cached_partitions > self.max_partitions:
+            # More than the cache may hold: the session ends and this fetch is answered in full
+            # without one (the fetcher's next fetch is a full one).
+            self.remove(session.id)
+            return FetchContext(self, list(r.request for r in session.partitions.values()))
         session.last_used_ms = self._clock()
         session.epoch = next_epoch(session.epoch)
         return FetchContext(self, list(r.request for r in session.partitions.values()), session=session)
@@ -259,11 +309,17 @@ class FetchSessionCache:
         uses_topic_ids: bool,
         requested: list[RequestedPartition],
         results: Mapping[PartitionKey, FetchResult],
+        owner: SessionOwner | None = None,
     ) -> int:
-        """A new session for a full fetch and its answer: its id, or 0 when no slot is free."""
+        """A new session for a full fetch and its answer: its id, or 0 when no slot is free or
+        its partitions would take the cache past ``max_partitions``."""
         now = self._clock()
-        if len(self._sessions) >= self.max_entries and not self._try_evict(privileged, len(requested), now):
+        size = len(requested)
+        if size > self.max_partitions:
             return INVALID_SESSION_ID
+        while len(self._sessions) >= self.max_entries or self.cached_partitions + size > self.max_partitions:
+            if not self._try_evict(privileged, size, now):
+                return INVALID_SESSION_ID
         partitions: dict[PartitionKey, CachedPartition] = {}
         for request in requested:
             cached = partitions[request.key] = CachedPartition(request)
@@ -271,7 +327,18 @@ class FetchSessionCache:
             if result is not None:
                 cached.must_respond(result)
         session_id = self._new_session_id()
-        self._sessions[session_id] = FetchSession(session_id, privileged, uses_topic_ids, partitions, now)
+        self._sessions[session_id] = FetchSession(
+            session_id, privileged, uses_topic_ids, partitions, now, owner
+        )
+        self.cached_partitions += len(partitions)
+        if owner is not None:
+            owned = self._by_owner.get(owner)
+            if owned is not None:
+                owned.add(session_id)
+            else:
+                self._by_owner[owner] = {session_id}
+                # Last: a connection that closed while this fetch waited calls back at once.
+                owner.on_close(self, lambda: self._owner_closed(owner))
         return session_id
 
     def _new_session_id(self) -> int:

@@ -10,7 +10,13 @@ Memory is bounded by bytes, broker-wide: ``RequestMemory`` counts every byte of 
 request from its arrival until its response is written (``queued.max.request.bytes``);
 while the count is above the bound, connections stop reading (Kafka mutes their
 channels) until responses free memory. Per connection, at most ``queued.max.requests``
-requests wait behind the one in flight. ``ConnectionQuotas`` enforces
+requests wait behind the one in flight.
+
+A request must keep arriving: only a whole request (or a response) counts as activity for
+``connections.max.idle.ms``, so a sender that trickles a byte now and then without ever
+finishing its request is closed as idle, its bytes released. And when only requests still
+arriving hold the memory, the one let through to finish must arrive at ``MIN_PROGRESS_RATE``
+in every ``PROGRESS_WINDOW_S``, or lose its connection (see ``RequestMemory``). ``ConnectionQuotas`` enforces
 ``max.connections`` and ``max.connections.per.ip`` (with its overrides) at accept time:
 a connection over a limit is closed at once, the newest one, as KIP-402 does.
 """
@@ -36,6 +42,16 @@ class CloseConnection(Exception):
 
 RequestHandler = Callable[["KafkaConnection", memoryview], Awaitable[bytes | None]]
 
+# While request memory is exhausted and held only by requests still arriving, the request let
+# through must receive MIN_PROGRESS_RATE bytes a second in every window of PROGRESS_WINDOW_S (or
+# finish), else its connection is closed and the next one is let through. Kafka's clients give up
+# on a request after request.timeout.ms (30 s): at 1 MiB/s a 30 MiB request arrives in time, and a
+# sender slower than this would only hold every other client hostage for a request its own client
+# abandons. Windows, not an average: a burst cannot buy a stall. Kafka has no such rule (its
+# default queued.max.request.bytes is unbounded).
+MIN_PROGRESS_RATE = 1 << 20
+PROGRESS_WINDOW_S = 2.0
+
 
 class RequestMemory:
     """Bytes of requests received and not yet answered, across all connections.
@@ -45,7 +61,9 @@ class RequestMemory:
     only by requests still arriving -- so that no response will ever free any -- the
     connection furthest into its request is let through to finish it: memory stays
     bounded by the limit plus one request (plus the one read each connection may have
-    in progress when the bound is reached), and no set of slow senders can wedge the rest.
+    in progress when the bound is reached). The request let through must then arrive at
+    MIN_PROGRESS_RATE in every PROGRESS_WINDOW_S, else its connection is closed (freeing its
+    bytes) and the next is let through: no set of slow senders can wedge the rest.
     """
 
     def __init__(self, limit: int) -> None:
@@ -54,6 +72,9 @@ class RequestMemory:
         self.answerable = 0  # of ``used``, the bytes of whole requests: responses will free them
         self._waiting: set[KafkaConnection] = set()
         self._exempt: KafkaConnection | None = None
+        # How many bytes of its request the exempt connection had when its current window began.
+        self._exempt_from_bytes = 0
+        self._progress_check: asyncio.TimerHandle | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -67,7 +88,7 @@ class RequestMemory:
         self.answerable -= answerable
         if self._waiting and not self.exhausted:
             waiting, self._waiting = self._waiting, set()
-            self._exempt = None
+            self._set_exempt(None)
             for connection in waiting:
                 connection.update_reading()
 
@@ -81,7 +102,7 @@ class RequestMemory:
     def forget(self, connection: KafkaConnection) -> None:
         self._waiting.discard(connection)
         if self._exempt is connection:
-            self._exempt = None
+            self._set_exempt(None)
 
     def ensure_progress(self, connections: set[KafkaConnection]) -> None:
         """Let one request finish when only partial requests hold the memory."""
@@ -93,12 +114,41 @@ class RequestMemory:
         if furthest is None or not furthest.partial_bytes:
             return
         self._waiting.discard(furthest)
-        self._exempt = furthest
+        self._set_exempt(furthest)
         furthest.update_reading()
 
     def frame_completed(self, connection: KafkaConnection) -> None:
         if self._exempt is connection:
-            self._exempt = None
+            self._set_exempt(None)
+
+    def _set_exempt(self, connection: KafkaConnection | None) -> None:
+        self._exempt = connection
+        if self._progress_check is not None:
+            self._progress_check.cancel()
+            self._progress_check = None
+        if connection is not None:
+            self._exempt_from_bytes = connection.partial_bytes
+            self._progress_check = asyncio.get_running_loop().call_later(
+                PROGRESS_WINDOW_S, self._check_progress
+            )
+
+    def _check_progress(self) -> None:
+        """At the end of a window: close the exempt connection if its request fell behind
+        MIN_PROGRESS_RATE during it."""
+        self._progress_check = None
+        exempt = self._exempt
+        if exempt is None:
+            return
+        received = exempt.partial_bytes - self._exempt_from_bytes
+        if received < MIN_PROGRESS_RATE * PROGRESS_WINDOW_S:
+            log.warning(
+                "closing connection: its request stalls while it alone may use the exhausted request memory",
+                extra={"peer": exempt.peer, "received": received, "seconds": PROGRESS_WINDOW_S},
+            )
+            exempt.close()  # forgets it (ending the exemption) and lets the next one through
+            return
+        self._exempt_from_bytes = exempt.partial_bytes
+        self._progress_check = asyncio.get_running_loop().call_later(PROGRESS_WINDOW_S, self._check_progress)
 
 
 @dataclass(slots=True)
@@ -160,6 +210,9 @@ class KafkaConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._in_flight: memoryview | None = None
         self._ip: str | None = None  # set once admitted by the connection quotas
+        # What holds state for this connection and lets it go when it closes (fetch sessions).
+        self._on_close: dict[object, Callable[[], None]] = {}
+        # The last whole request received or response written (connections.max.idle.ms).
         self.last_active = time.monotonic()
         self.peer = "?"
 
@@ -189,7 +242,6 @@ class KafkaConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._transport is None:
             return
-        self.last_active = time.monotonic()
         self._held += len(data)
         self._memory.acquire(len(data))
         try:
@@ -202,6 +254,9 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return
         if frames:
+            # Only a whole request is activity: bytes of one still arriving do not keep an idle
+            # connection open, so a trickle cannot hold its request memory past the idle timeout.
+            self.last_active = time.monotonic()
             completed = sum(len(frame) + 4 for frame in frames)
             self._answerable += completed
             self._memory.answerable += completed
@@ -275,7 +330,17 @@ class KafkaConnection(asyncio.Protocol):
         if self._memory.exhausted:  # still: perhaps nothing but partial requests hold it now
             self._memory.ensure_progress(self._limits.connections)
 
+    def on_close(self, key: object, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the connection closes (one callback per ``key``)."""
+        if self._transport is None:
+            callback()
+        else:
+            self._on_close[key] = callback
+
     def _release_all(self) -> None:
+        callbacks, self._on_close = self._on_close, {}
+        for callback in callbacks.values():
+            callback()
         self._queue.clear()
         self._memory.forget(self)
         if self._ip is not None:
@@ -285,7 +350,8 @@ class KafkaConnection(asyncio.Protocol):
         self._release(self._held, self._answerable)
 
     def idle_since(self, now: float) -> float:
-        """Seconds without traffic; 0 while a request is being served (a long-poll fetch is not idle)."""
+        """Seconds since the last whole request or response; 0 while a request is being served
+        (a long-poll fetch is not idle). A request still arriving does not count."""
         return 0.0 if self._in_flight is not None or self._queue else now - self.last_active
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ from strom.broker.replica_fetcher import ReplicaFetcherManager, ReplicationConfi
 from strom.protocol.errors import ErrorCode
 from strom.storage import KafkaStorageError, LogConfig, LogManager, NewLog, StorageError
 from strom.storage.log import wall_clock_ms
-from strom.storage.log_validator import ValidatedRecords, needs_worker
+from strom.storage.log_validator import DecompressionBudget, ValidatedRecords, needs_worker
 
 log = logging.getLogger(__name__)
 
@@ -598,16 +598,20 @@ class ReplicaManager:
     ) -> dict[TopicPartition, ProduceResult]:
         """append_records for the produce path: record sets whose validation may take long
         (compressed, recompressed or large: log_validator.needs_worker) are validated on a
-        worker thread first, so the event loop never waits for a decompression."""
+        worker thread first, so the event loop never waits for a decompression; one after the
+        other, sharing the request's DecompressionBudget."""
         validated: dict[TopicPartition, ValidatedRecords] = {}
         early: dict[TopicPartition, ProduceResult] = {}
         loop = asyncio.get_running_loop()
+        budget = DecompressionBudget()
         for tp, records in entries:
             partition = self._partitions.get(tp)
             if partition is None or not records or not needs_worker(records, partition.log.config):
                 continue
             try:
-                validated[tp] = await loop.run_in_executor(None, partition.log.analyze_for_append, records)
+                validated[tp] = await loop.run_in_executor(
+                    None, partition.log.analyze_for_append, records, budget
+                )
             except StorageError as exc:
                 early[tp] = ProduceResult(
                     error_code_of(exc),

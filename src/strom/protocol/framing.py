@@ -11,8 +11,10 @@ it before it knows which versions the broker speaks.
 
 from __future__ import annotations
 
+import contextvars
 import io
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +26,14 @@ from strom.protocol.guard import check_body, read_uvarint
 
 __all__ = [
     "SIZE",
+    "EncodedArray",
     "FrameDecoder",
     "FrameSizeError",
     "ProtocolError",
     "RequestHeader",
     "decode_body",
     "decode_response",
+    "encode_elements",
     "encode_request",
     "encode_response",
     "parse_request_header",
@@ -180,14 +184,62 @@ def decode_body(entity_type: type[Any], frame: memoryview, offset: int) -> Any:
     return value
 
 
+# The buffer encode_response is writing, for the EncodedArray values of the body it encodes.
+_encoding: contextvars.ContextVar[io.BytesIO] = contextvars.ContextVar("encoding")
+
+
+class EncodedArray(Sequence[Any]):
+    """The value of an array field whose elements are already encoded (``encode_elements``).
+
+    A response array of a million elements costs seconds to build and encode in one go; a
+    handler builds and encodes it a slice at a time instead, letting the event loop serve other
+    clients in between, and holds only the bytes. kio's array writer takes the count from
+    ``len`` and then iterates: iterating writes the bytes into the frame being encoded.
+    Only ``encode_response`` can write one.
+    """
+
+    __slots__ = ("_count", "_data")
+
+    def __init__(self, count: int, data: bytes) -> None:
+        self._count = count
+        self._data = data
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[Any]:
+        _encoding.get().write(self._data)
+        return iter(())
+
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError("the elements of an EncodedArray are bytes of a response being encoded")
+
+
+def encode_elements(element_type: type[Any], elements: Sequence[Any]) -> bytes:
+    """The encoding of ``elements`` (kio entities of ``element_type``) as they follow an array's count."""
+    buf = io.BytesIO()
+    write = entity_writer(element_type)
+    token = _encoding.set(buf)  # elements may hold EncodedArrays themselves
+    try:
+        for element in elements:
+            write(buf, element)
+    finally:
+        _encoding.reset(token)
+    return buf.getvalue()
+
+
 def encode_response(header: RequestHeader, body: Any) -> bytes:
-    """A whole response frame: size, response header, body."""
+    """A whole response frame: size, response header, body (whose arrays may be EncodedArrays)."""
     buf = io.BytesIO()
     buf.write(b"\0\0\0\0")
     buf.write(struct.pack(">i", header.correlation_id))
     if header.flexible and header.api_key != ApiKey.API_VERSIONS:
         buf.write(b"\0")  # response header v1: no tagged fields
-    entity_writer(type(body))(buf, body)
+    token = _encoding.set(buf)
+    try:
+        entity_writer(type(body))(buf, body)
+    finally:
+        _encoding.reset(token)
     frame = buf.getbuffer()
     SIZE.pack_into(frame, 0, len(frame) - 4)
     del frame

@@ -240,45 +240,47 @@ def recompress_batches(
     codec: int,
     *,
     level: int | None = None,
-    payloads: dict[int, tuple[scanner.BytesLike, int, int]] | None = None,
 ) -> bytes:
-    """Re-encode every batch with ``codec`` (the broker's topic-level compression.type).
-
-    Only the payload's compression changes: the record bytes (offset and timestamp
-    deltas included) and every header field other than the codec bits, batchLength
-    and CRC are kept. A batch already in ``codec`` is kept byte-identical, and so is an
-    uncompressed control batch (Kafka does not compress control records that arrive
-    uncompressed). ``payloads`` maps a batch's position to its records already
-    decompressed (scanner.batch_records' answer), to save decompressing them again.
-    Raises InvalidBatchError for a malformed or corrupt source batch.
-    """
+    """Re-encode every batch with ``codec`` (the broker's topic-level compression.type):
+    ``recompress_batch`` of each. Raises InvalidBatchError for a malformed or corrupt batch."""
     if not 0 <= codec <= _MAX_CODEC:
         raise CompressionError(f"unknown compression codec {codec}")
     data = _indexable(records)
-    view = memoryview(data)  # slices of it do not copy
-    parts: list[bytes | bytearray | memoryview] = []
-    for header in iter_headers(data):
-        source_codec = header.compression
-        batch_end = header.position + header.size
-        if source_codec == codec or (header.is_control and source_codec == CompressionType.NONE):
-            parts.append(view[header.position : batch_end])
-            continue
-        known = payloads.get(header.position) if payloads is not None else None
-        payload, start, end = known if known is not None else scanner.batch_records(data, header)
-        parts.append(
-            scanner.assemble_batch(
-                memoryview(payload)[start:end],
-                compression_level=level,
-                base_offset=header.base_offset,
-                partition_leader_epoch=header.partition_leader_epoch,
-                attributes=(header.attributes & ~COMPRESSION_MASK) | codec,
-                last_offset_delta=header.last_offset_delta,
-                base_timestamp=header.base_timestamp,
-                max_timestamp=header.max_timestamp,
-                producer_id=header.producer_id,
-                producer_epoch=header.producer_epoch,
-                base_sequence=header.base_sequence,
-                records_count=header.records_count,
-            )
-        )
-    return b"".join(parts)
+    return b"".join(recompress_batch(data, header, codec, level=level) for header in iter_headers(data))
+
+
+def recompress_batch(
+    data: bytes | bytearray | memoryview,
+    header: BatchHeader,
+    codec: int,
+    *,
+    level: int | None = None,
+    payload: tuple[scanner.BytesLike, int, int] | None = None,
+) -> bytes | bytearray | memoryview:
+    """The batch ``header`` describes in ``data``, re-encoded with ``codec``.
+
+    Only the payload's compression changes: the record bytes (offset and timestamp
+    deltas included) and every header field other than the codec bits, batchLength
+    and CRC are kept. A batch already in ``codec`` is kept byte-identical (a view), and so
+    is an uncompressed control batch (Kafka does not compress control records that arrive
+    uncompressed). ``payload`` is the batch's records already decompressed
+    (scanner.batch_records' answer), to save decompressing them again.
+    """
+    source_codec = header.compression
+    if source_codec == codec or (header.is_control and source_codec == CompressionType.NONE):
+        return memoryview(data)[header.position : header.position + header.size]
+    records, start, end = payload if payload is not None else scanner.batch_records(data, header)
+    return scanner.assemble_batch(
+        memoryview(records)[start:end],
+        compression_level=level,
+        base_offset=header.base_offset,
+        partition_leader_epoch=header.partition_leader_epoch,
+        attributes=(header.attributes & ~COMPRESSION_MASK) | codec,
+        last_offset_delta=header.last_offset_delta,
+        base_timestamp=header.base_timestamp,
+        max_timestamp=header.max_timestamp,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        records_count=header.records_count,
+    )

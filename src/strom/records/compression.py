@@ -42,6 +42,10 @@ class CompressionError(ValueError):
     """An unknown codec, or a payload its codec cannot decompress."""
 
 
+class DecompressionLimitError(CompressionError):
+    """A payload that would decompress to more than the limit it was given."""
+
+
 def compress(codec: int, data: BytesLike, level: int | None = None) -> bytes:
     """Compress a batch payload with ``codec`` (a CompressionType value).
 
@@ -142,7 +146,7 @@ def _decompress_growing(codec: int, data: BytesLike, limit: int) -> bytearray:
             size = min(limit, size * _GROWTH)
             continue
         if written > size:
-            raise CompressionError(
+            raise DecompressionLimitError(
                 f"{_name(codec)} payload decompresses to more than {limit} bytes, the limit for its batch"
             )
         del out[written:]
@@ -171,7 +175,9 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 def _decompress_raw_snappy(data: BytesLike, limit: int) -> bytearray:
     claimed = cramjam.snappy.decompress_raw_len(data)
     if claimed > limit:
-        raise CompressionError(f"snappy payload declares {claimed} bytes, more than the limit of {limit}")
+        raise DecompressionLimitError(
+            f"snappy payload declares {claimed} bytes, more than the limit of {limit}"
+        )
     out = bytearray(claimed)
     written = cramjam.snappy.decompress_raw_into(data, out)
     del out[written:]
@@ -198,7 +204,9 @@ def _decompress_xerial(data: memoryview, limit: int) -> bytearray:
         total += cramjam.snappy.decompress_raw_len(chunk)
         # Checked before anything is allocated: the lengths are the sender's claims.
         if total > limit:
-            raise CompressionError(f"xerial snappy chunks declare more than the limit of {limit} bytes")
+            raise DecompressionLimitError(
+                f"xerial snappy chunks declare more than the limit of {limit} bytes"
+            )
     # Decompress every chunk straight into one buffer.
     out = bytearray(total)
     view = memoryview(out)

@@ -47,7 +47,7 @@ from strom.storage.log_segment import (
     new_segment,
     next_offset_of_file,
 )
-from strom.storage.log_validator import ValidatedRecords, analyze
+from strom.storage.log_validator import DecompressionBudget, ValidatedRecords, analyze
 from strom.storage.producer_state import ProducerStateManager
 
 log = logging.getLogger(__name__)
@@ -458,10 +458,13 @@ class Log:
 
     # --- appending ------------------------------------------------------------------
 
-    def analyze_for_append(self, records: bytes | bytearray | memoryview) -> ValidatedRecords:
+    def analyze_for_append(
+        self, records: bytes | bytearray | memoryview, budget: DecompressionBudget | None = None
+    ) -> ValidatedRecords:
         """Validate a client's record set (every record, see log_validator) and recompress it if
-        the topic asks. Reads only the config and the clock: safe on a worker thread."""
-        return analyze(records, self.config, self._time_ms(), f"{self.topic}-{self.partition}")
+        the topic asks; ``budget``: its request's decompression allowance. Reads only the config
+        and the clock: safe on a worker thread."""
+        return analyze(records, self.config, self._time_ms(), f"{self.topic}-{self.partition}", budget)
 
     @_log_dir_io
     def append_as_leader(

@@ -5,12 +5,15 @@ strom.records.scanner): framing, lengths, varints, offset deltas, record count, 
 and a decompression bounded by the batch's record count and ``max.message.bytes``,
 per-record CreateTime timestamps against ``message.timestamp.{before,after}.max.ms``, keys
 on compacted topics. Kafka's codes: CORRUPT_MESSAGE for a CRC mismatch, a truncated batch or
-a payload that does not decompress (within its bound); INVALID_RECORD for malformed records
+a payload that does not decompress (within its bound); MESSAGE_TOO_LARGE for record sets that
+together inflate beyond their request's ``DecompressionBudget``; INVALID_RECORD for malformed records
 in a CRC-valid batch (Kafka's DefaultRecord throws InvalidRecordException), bad batch
 headers, control batches and keyless records on compacted topics; INVALID_TIMESTAMP.
 
 ``analyze`` is pure (it reads only its arguments), so a large or compressed record set can be
-validated on a worker thread while the event loop goes on (``needs_worker``).
+validated on a worker thread while the event loop goes on (``needs_worker``). It goes batch by
+batch: a batch's decompressed records are validated and, if the topic asks, recompressed before
+the next batch is decompressed, so memory stays that of one batch, not of the record set.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from dataclasses import dataclass
 
 from strom.records import batch as rb
 from strom.records import scanner
-from strom.records.codec import recompress_batches
-from strom.records.compression import decompression_limit
+from strom.records.codec import recompress_batch
+from strom.records.compression import (
+    MAX_DECOMPRESSED_BATCH_BYTES,
+    DecompressionLimitError,
+    decompression_limit,
+)
 from strom.storage.errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -33,6 +40,25 @@ _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 # An uncompressed record set larger than this is validated on a worker thread too.
 WORKER_THRESHOLD_BYTES = 4 * 1024 * 1024
+# The most bytes the record sets of one produce request may decompress to, all batches of all its
+# partitions together (or a partition's max.message.bytes, if larger): no more than one batch may.
+# Each batch stays under its own bound (compression.decompression_limit), but forty of them in one
+# 112 KB request inflated to 2.5 GB; this bounds a request's decompression work as its size does.
+MAX_DECOMPRESSED_REQUEST_BYTES = MAX_DECOMPRESSED_BATCH_BYTES
+
+
+class DecompressionBudget:
+    """The bytes one produce request's compressed batches have decompressed to so far."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int = MAX_DECOMPRESSED_REQUEST_BYTES) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def left(self, max_message_bytes: int) -> int:
+        return max(0, max(self.limit, max_message_bytes) - self.used)
+
 
 # compression.type values that ask the broker to (re)compress, mapped to codec ids.
 _TARGET_CODECS = {"uncompressed": rb.CompressionType.NONE, **rb.CompressionType.NAMES}
@@ -131,30 +157,47 @@ def needs_worker(records: bytes | bytearray | memoryview, config: LogConfig) -> 
 
 
 def analyze(
-    records: bytes | bytearray | memoryview, config: LogConfig, now_ms: int, topic_partition: str
+    records: bytes | bytearray | memoryview,
+    config: LogConfig,
+    now_ms: int,
+    topic_partition: str,
+    budget: DecompressionBudget | None = None,
 ) -> ValidatedRecords:
     """Every check of a client's append, and the topic's recompression: raises a StorageError
-    carrying Kafka's code, or returns the record set as it is to be appended."""
+    carrying Kafka's code, or returns the record set as it is to be appended. ``budget`` is
+    shared by the record sets of one request (a fresh one by default)."""
     headers = parse_batches(records, config.max_message_bytes)
     validate_client_batches(headers)
+    if budget is None:
+        budget = DecompressionBudget()
     check_timestamps = config.message_timestamp_type == "CreateTime"
     earliest = max(_INT64_MIN, now_ms - config.message_timestamp_before_max_ms)
     latest = min(_INT64_MAX, now_ms + config.message_timestamp_after_max_ms)
     target = target_codec(config)
-    payloads: dict[int, tuple[scanner.BytesLike, int, int]] = {}
+    recompress = target is not None and any(header.compression != target for header in headers)
+    parts: list[bytes | bytearray | memoryview] = []
     max_timestamps = []
     for index, header in enumerate(headers):
+        batch_limit = decompression_limit(header.records_count, config.max_message_bytes)
+        left = budget.left(config.max_message_bytes)
         try:
             payload, start, end = scanner.batch_records(
                 records,
                 header,
                 verify_crc=False,  # parse_batches did
-                limit=decompression_limit(header.records_count, config.max_message_bytes),
+                limit=min(batch_limit, left),
             )
         except rb.InvalidBatchError as e:
+            if left < batch_limit and isinstance(e.__cause__, DecompressionLimitError):
+                raise RecordTooLargeError(
+                    f"record batch {index} would take the request's record sets past {budget.limit} bytes "
+                    "decompressed, the most one produce request may inflate to"
+                ) from e
             if e.corrupt:
                 raise CorruptRecordError(f"record batch {index}: {e}") from e
             raise InvalidRecordError(str(e), [(index, str(e))]) from e
+        if header.compression != rb.CompressionType.NONE:
+            budget.used += end - start
         try:
             max_timestamp, keyless, out_of_range = scanner.validate(
                 payload, start, end, header, earliest, latest, check_timestamps, config.compact
@@ -166,10 +209,13 @@ def analyze(
         if out_of_range:
             _reject_timestamps(out_of_range, header, earliest, latest)
         max_timestamps.append(max_timestamp)
-        if target is not None and header.compression != rb.CompressionType.NONE:
-            payloads[header.position] = (payload, start, end)
-    if target is not None and any(header.compression != target for header in headers):
-        records, headers = _recompress(records, target, payloads, config)
+        if recompress:
+            assert target is not None
+            parts.append(_recompress(records, header, target, (payload, start, end), config))
+        del payload  # before the next batch is decompressed
+    if recompress:
+        records = b"".join(parts)
+        headers = list(rb.iter_headers(records))
     return ValidatedRecords(records, headers, max_timestamps)
 
 
@@ -204,20 +250,20 @@ def _reject_timestamps(out_of_range: list[int], header: rb.BatchHeader, earliest
 
 def _recompress(
     records: bytes | bytearray | memoryview,
+    header: rb.BatchHeader,
     codec: int,
-    payloads: dict[int, tuple[scanner.BytesLike, int, int]],
+    payload: tuple[scanner.BytesLike, int, int],
     config: LogConfig,
-) -> tuple[bytes, list[rb.BatchHeader]]:
-    max_message_bytes = config.max_message_bytes
+) -> bytes | bytearray | memoryview:
+    """One batch in the topic's codec (its records already decompressed: ``payload``); Kafka's
+    MESSAGE_TOO_LARGE if the recompressed batch exceeds max.message.bytes."""
     try:
-        recompressed = recompress_batches(records, codec, level=config.compression_level, payloads=payloads)
-        headers = list(rb.iter_headers(recompressed))
+        batch = recompress_batch(records, header, codec, level=config.compression_level, payload=payload)
     except rb.InvalidBatchError as e:
         raise CorruptRecordError(f"cannot recompress record batch: {e}") from e
-    for header in headers:
-        if header.size > max_message_bytes:
-            raise RecordTooLargeError(
-                f"the recompressed record batch size is {header.size} bytes which exceeds the maximum "
-                f"configured value of {max_message_bytes}"
-            )
-    return recompressed, headers
+    if len(batch) > config.max_message_bytes:
+        raise RecordTooLargeError(
+            f"the recompressed record batch size is {len(batch)} bytes which exceeds the maximum "
+            f"configured value of {config.max_message_bytes}"
+        )
+    return batch

@@ -10,10 +10,15 @@ import pytest
 from strom.records import scanner
 from strom.records.batch import CONTROL_FLAG, TIMESTAMP_TYPE_MASK, CompressionType, read_header
 from strom.records.codec import RecordSpec, decode_batches, encode_batch
-from strom.storage.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError
+from strom.storage.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    InvalidTimestampError,
+    RecordTooLargeError,
+)
 from strom.storage.log import Log
 from strom.storage.log_config import LogConfig
-from strom.storage.log_validator import WORKER_THRESHOLD_BYTES, analyze, needs_worker
+from strom.storage.log_validator import WORKER_THRESHOLD_BYTES, DecompressionBudget, analyze, needs_worker
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000
@@ -137,3 +142,26 @@ def test_the_log_stores_the_records_largest_timestamp_as_max_timestamp(tmp_path:
     stored = read_header(log.read(0, 1 << 20).records)
     assert stored.max_timestamp == NOW + 2
     log.close()
+
+
+def test_a_request_may_inflate_only_so_far_however_its_batches_are_split() -> None:
+    big = encode_batch([RecordSpec(b"k", b"\0" * 1000, timestamp=NOW)] * 50, compression=CompressionType.ZSTD)
+    budget = DecompressionBudget(limit=120_000)
+    analyze(big, LogConfig(max_message_bytes=100_000), NOW, "t-0", budget)  # ~50 KB inflated
+    used = budget.used
+    assert 50_000 < used < 60_000
+    # The next record set of the same request would take it past the bound: MESSAGE_TOO_LARGE.
+    with pytest.raises(RecordTooLargeError, match="decompressed"):
+        analyze(big + big, LogConfig(max_message_bytes=100_000), NOW, "t-1", budget)
+    # Each batch alone is within its own bound, and a fresh request's budget takes it.
+    assert len(analyze(big + big, LogConfig(max_message_bytes=100_000), NOW, "t-1").headers) == 2
+
+
+def test_recompression_goes_batch_by_batch() -> None:
+    records = b"".join(
+        encode_batch(specs(3), compression=codec)
+        for codec in (CompressionType.NONE, CompressionType.ZSTD, CompressionType.GZIP)
+    )
+    validated = analyze(records, LogConfig(compression_type="gzip"), NOW, "t-0")
+    assert [h.compression for h in validated.headers] == [CompressionType.GZIP] * 3
+    assert [len(b.records) for b in decode_batches(validated.records)] == [3, 3, 3]

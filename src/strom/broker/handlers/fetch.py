@@ -37,6 +37,7 @@ from strom.broker.fetch_session import (
 )
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import FetchRequestPartition, FetchResult
+from strom.broker.slices import ArrayBuilder, sliced
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build, has_field, to_ms
 
@@ -61,27 +62,35 @@ def peer_host(peer: str) -> str:
     return peer.rsplit(":", 1)[0]
 
 
-def requested_partitions(version: int, request: Any) -> tuple[list[RequestedPartition], list[PartitionKey]]:
-    """The partitions a fetch lists and those it forgets, keyed by topic id from v13, else name."""
+async def requested_partitions(
+    version: int, request: Any
+) -> tuple[list[RequestedPartition], list[PartitionKey]]:
+    """The partitions a fetch lists and those it forgets, keyed by topic id from v13, else name.
+
+    A partition listed twice is one partition, with the later request, as in Kafka (whose
+    request keeps its partitions in a map): a fetch cannot make the broker read a log more than
+    once by naming its partition 400,000 times.
+    """
     by_id = version >= 13
-    requested = [
-        RequestedPartition(
-            (fetch_topic.topic_id if by_id else fetch_topic.topic, p.partition),
-            p.fetch_offset,
-            max(0, p.partition_max_bytes),
-            log_start_offset=getattr(p, "log_start_offset", -1),
-            current_leader_epoch=getattr(p, "current_leader_epoch", -1),
-            last_fetched_epoch=getattr(p, "last_fetched_epoch", -1),
-        )
-        for fetch_topic in request.topics
-        for p in fetch_topic.partitions
-    ]
+    requested: dict[PartitionKey, RequestedPartition] = {}
+    async for fetch_topic in sliced(request.topics):
+        topic_key = fetch_topic.topic_id if by_id else fetch_topic.topic
+        async for p in sliced(fetch_topic.partitions):
+            key = (topic_key, p.partition)
+            requested[key] = RequestedPartition(
+                key,
+                p.fetch_offset,
+                max(0, p.partition_max_bytes),
+                log_start_offset=getattr(p, "log_start_offset", -1),
+                current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+                last_fetched_epoch=getattr(p, "last_fetched_epoch", -1),
+            )
     forgotten: list[PartitionKey] = [
         (topic.topic_id if by_id else topic.topic, partition)
         for topic in getattr(request, "forgotten_topics_data", None) or ()
         for partition in topic.partitions
     ]
-    return requested, forgotten
+    return list(requested.values()), forgotten
 
 
 async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
@@ -90,7 +99,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     by_id = ctx.version >= 13
     replica_id = replica_id_of(ctx.version, request)
-    requested, forgotten = requested_partitions(ctx.version, request)
+    requested, forgotten = await requested_partitions(ctx.version, request)
     if replica_id >= 0 and not await broker.replica_manager.accepts_replica_fetch(
         replica_id, replica_epoch_of(ctx.version, request), peer_host(ctx.connection.peer)
     ):
@@ -103,6 +112,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         forgotten,
         uses_topic_ids=by_id,
         privileged=replica_id >= 0,
+        owner=ctx.connection,
     )
     if context.error != ErrorCode.none:
         return build(r.FetchResponse, error_code=context.error, session_id=INVALID_SESSION_ID, responses=())
@@ -113,7 +123,9 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     tps: dict[PartitionKey, TopicPartition] = {}
     topics: dict[TopicKey, tuple[str, TopicState | None]] = {}
     unknown = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
-    for p in context.partitions:
+    # Kafka bounds the partitions of one fetch only by its size: 400,000 of them are resolved and
+    # answered a slice at a time, other clients served in between.
+    async for p in sliced(context.partitions):
         topic_key, index = p.key
         resolved = topics.get(topic_key)
         if resolved is None:
@@ -163,11 +175,14 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         [tps[key] for key in answered if results[tps[key]].error in LEADER_ERRORS],
     )
 
-    by_topic: dict[TopicKey, list[Any]] = {}
-    for key in answered:
+    by_topic: dict[TopicKey, ArrayBuilder] = {}
+    async for key in sliced(answered):
         tp = tps[key]
         result = results[tp]
-        by_topic.setdefault(key[0], []).append(
+        partitions = by_topic.get(key[0])
+        if partitions is None:
+            partitions = by_topic[key[0]] = ArrayBuilder(r.PartitionData)
+        await partitions.add(
             build(
                 r.PartitionData,
                 partition_index=tp.partition,
@@ -181,19 +196,20 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
                 **_partition_hints(r, tp, result, hints),
             )
         )
-    responses = tuple(
-        build(
-            r.FetchableTopicResponse,
-            partitions=tuple(partitions),
-            **({"topic_id": topic_key} if by_id else {"topic": topic_key}),
+    responses = ArrayBuilder(r.FetchableTopicResponse)
+    async for topic_key, partitions in sliced(by_topic.items()):
+        await responses.add(
+            build(
+                r.FetchableTopicResponse,
+                partitions=partitions.value(),
+                **({"topic_id": topic_key} if by_id else {"topic": topic_key}),
+            )
         )
-        for topic_key, partitions in by_topic.items()
-    )
     return build(
         r.FetchResponse,
         error_code=ErrorCode.none,
         session_id=session_id,
-        responses=responses,
+        responses=responses.value(),
         node_endpoints=node_endpoints(r, broker.replica_manager, hints),
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 from strom.broker.coordinator.group import ClassicGroup, GroupState
 from strom.broker.coordinator.group_coordinator import CLASSIC_GROUP_TYPE, JoinRequest
 from strom.broker.dispatcher import RequestContext
+from strom.broker.slices import ArrayBuilder, sliced
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, build, to_ms
 
@@ -181,11 +182,13 @@ def _described_group(ctx: RequestContext, group_id: str, group: ClassicGroup | N
 
 
 async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
+    # Kafka bounds the groups of one request only by its size: a request of a million names
+    # is answered a slice at a time, other clients served in between.
     coordinator = ctx.broker.group_coordinator
-    groups = tuple(
-        _described_group(ctx, group_id, coordinator.group(group_id)) for group_id in request.groups
-    )
-    return build(ctx.response.DescribeGroupsResponse, groups=groups)
+    groups = ArrayBuilder(ctx.response.DescribedGroup)
+    async for group_id in sliced(request.groups):
+        await groups.add(_described_group(ctx, group_id, coordinator.group(group_id)))
+    return build(ctx.response.DescribeGroupsResponse, groups=groups.value())
 
 
 async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Metadata (3): brokers, topics (with topic IDs) and partition leadership; auto-creates topics."""
+"""Metadata (3): brokers, topics (with topic IDs) and partition leadership; auto-creates topics
+(at most MAX_PARTITIONS_PER_REQUEST partitions per request, as Kafka's controller allows)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from strom.broker.cluster.metadata import PartitionState, TopicState
 from strom.broker.cluster.zookeeper import LeaderNotAvailableError
 from strom.broker.dispatcher import RequestContext
 from strom.broker.handlers.partition_view import partition_view
+from strom.broker.handlers.topics import MAX_PARTITIONS_PER_REQUEST
+from strom.broker.slices import ArrayBuilder, sliced
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import AUTHORIZED_OPERATIONS_OMITTED, ZERO_UUID, build
 from strom.storage import StorageError
@@ -83,6 +86,24 @@ def _error_topic(ctx: RequestContext, error: ErrorCode, name: str | None, topic_
     )
 
 
+async def _within_creation_cap(ctx: RequestContext, wanted: Any) -> bool:
+    """Whether the topics this request would auto-create have at most MAX_PARTITIONS_PER_REQUEST
+    partitions together. Kafka's controller refuses a batch of more (auto-creation sends it one
+    CreateTopics per Metadata request), so no topic of it is created; nor is one here, and each
+    is answered as if auto-creation were off."""
+    image = ctx.broker.control_plane.image
+    missing: set[str] = set()
+    async for topic in sliced(wanted):
+        name = getattr(topic, "name", None)
+        if name and name not in missing and image.topic(name) is None:
+            try:
+                validate_topic_name(name)
+            except InvalidTopicError:
+                continue
+            missing.add(name)
+    return len(missing) * ctx.broker.config.num_partitions <= MAX_PARTITIONS_PER_REQUEST
+
+
 async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     image = broker.control_plane.image
@@ -91,51 +112,56 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     allow_auto_create = (
         getattr(request, "allow_auto_topic_creation", True) and broker.config.auto_create_topics_enable
     )
-    topics: list[Any] = []
+    if allow_auto_create and not all_topics:
+        allow_auto_create = await _within_creation_cap(ctx, request.topics)
+    # Kafka bounds the topics of one request only by its size: a request naming 400,000 topics
+    # is answered a slice at a time, other clients served in between.
+    r = ctx.response
+    topics = ArrayBuilder(r.MetadataResponseTopic)
     if all_topics:
-        topics = [_topic_entity(ctx, t) for t in image.topics()]
+        async for t in sliced(image.topics()):
+            await topics.add(_topic_entity(ctx, t))
     else:
-        for wanted in request.topics:
+        async for wanted in sliced(request.topics):
             name = getattr(wanted, "name", None)
             topic_id = getattr(wanted, "topic_id", None)
             if name is None and topic_id is not None and topic_id != ZERO_UUID:
                 by_id = image.topic_by_id(topic_id)
-                topics.append(
+                await topics.add(
                     _topic_entity(ctx, by_id)
                     if by_id is not None
                     else _error_topic(ctx, ErrorCode.unknown_topic_id, None, topic_id)
                 )
                 continue
             if name is None:
-                topics.append(_error_topic(ctx, ErrorCode.invalid_request, None, None))
+                await topics.add(_error_topic(ctx, ErrorCode.invalid_request, None, None))
                 continue
             topic = image.topic(name)
             if topic is None:
                 try:
                     validate_topic_name(name)
                 except InvalidTopicError:
-                    topics.append(_error_topic(ctx, ErrorCode.invalid_topic_exception, name, None))
+                    await topics.add(_error_topic(ctx, ErrorCode.invalid_topic_exception, name, None))
                     continue
                 if not allow_auto_create:
-                    topics.append(_error_topic(ctx, ErrorCode.unknown_topic_or_partition, name, None))
+                    await topics.add(_error_topic(ctx, ErrorCode.unknown_topic_or_partition, name, None))
                     continue
                 try:
                     topic = await broker.auto_create_topic(name)
                 except StorageError:
-                    topics.append(_error_topic(ctx, ErrorCode.kafka_storage_error, name, None))
+                    await topics.add(_error_topic(ctx, ErrorCode.kafka_storage_error, name, None))
                     continue
                 except (LeaderNotAvailableError, InvalidReplicationFactorError) as exc:
                     # In a cluster: being created, or more replicas asked than brokers are alive.
-                    topics.append(_error_topic(ctx, ErrorCode(exc.error_code), name, None))
+                    await topics.add(_error_topic(ctx, ErrorCode(exc.error_code), name, None))
                     continue
-            topics.append(_topic_entity(ctx, topic))
-    r = ctx.response
+            await topics.add(_topic_entity(ctx, topic))
     return build(
         r.MetadataResponse,
         brokers=broker_entities(ctx, r.MetadataResponseBroker),
         cluster_id=broker.cluster_id,
         controller_id=controller_id(ctx),
-        topics=tuple(topics),
+        topics=topics.value(),
         cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         error_code=ErrorCode.none,
     )
