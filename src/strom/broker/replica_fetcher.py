@@ -352,6 +352,7 @@ class ReplicaFetcher:
         for tp, state in states.items():
             partition = self._current(tp, state)
             if partition is None:
+                self._delay(tp, state)  # see _fetch
                 continue
             latest = partition.log.leader_epoch_cache.latest_epoch
             if latest is None:
@@ -433,6 +434,11 @@ class ReplicaFetcher:
         for tp, state in states.items():
             partition = self._current(tp, state)
             if partition is None:
+                # Offline (its log dir failed with another partition's append) or no longer
+                # followed from here: not ready again before the backoff, or a fetcher left with
+                # nothing to ask would loop on the event loop without ever awaiting, and the broker
+                # would stop answering anyone.
+                self._delay(tp, state)
                 continue
             latest = partition.log.leader_epoch_cache.latest_epoch
             wanted[(tp, state.topic_id)] = FetchPartitionRequest(
