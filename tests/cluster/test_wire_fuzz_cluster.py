@@ -4,10 +4,10 @@ fuzzed broker and its two peers keep serving, and no acknowledged acks=all recor
 The fuzzed broker is the controller. Besides the single-broker test's classes (tests/wire_fuzz.py:
 ``length`` prefixes, ``mutated`` samples, ``random`` frames) it gets requests that name what
 exists in the cluster (``cluster-valid`` as they are, ``cluster-mutated`` with bit flips and
-truncations): the fuzz topics and their ids, partitions, broker ids 1-3 as replica ids and
-replica assignments, the brokers' epochs, valid record batches, short admin timeouts; among
-them ``replica-fetch``: Fetch of every version as if sent by a follower (replica id or v15's
-replica state). ``inter-broker`` frames use the API keys of Kafka's controller-to-broker and
+truncations): the fuzz topics (one with a 249-character name) and their ids, partitions,
+broker ids 1-3 as replica ids and replica assignments, the brokers' epochs, groups the fuzzed
+broker coordinates, valid record batches, short admin timeouts; among them ``replica-fetch``:
+Fetch of every version as if sent by a follower (replica id or v15's replica state). ``inter-broker`` frames use the API keys of Kafka's controller-to-broker and
 KRaft RPCs, which Strom does not serve (its controller writes ZooKeeper instead).
 
 Throughout, an idempotent acks=all producer writes to a topic of replication factor 3 and
@@ -54,8 +54,11 @@ HEALTH_INTERVAL_S = 0.5
 HEALTH_TIMEOUT_S = 10.0
 CANARY_TOPIC = "fuzz-canary"
 FUZZ_TOPICS = ("fuzz-target", "fuzz-single")
+# The longest legal topic name (249 characters): its partition directories' names are near the
+# file system's 255-byte limit.
+LONG_NAME = "fuzz-long-".ljust(249, "x")
 # Names the fuzz may create and delete; never the canary's.
-FUZZ_NAMES = (*FUZZ_TOPICS, "fuzz-new-0", "fuzz-new-1")
+FUZZ_NAMES = (*FUZZ_TOPICS, "fuzz-new-0", "fuzz-new-1", LONG_NAME)
 # Kafka's inter-broker RPCs: LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown,
 # AlterPartition, UpdateFeatures, Envelope, BrokerRegistration, BrokerHeartbeat, UnregisterBroker,
 # AllocateProducerIds.
@@ -314,8 +317,9 @@ def test_a_fuzzed_broker_keeps_the_cluster_whole(cluster: Cluster) -> None:
     assert len(results) >= MIN_CASES
     sent_apis = {case.api_key for case, _ in results if case.kind == "cluster-valid"}
     assert set(SUPPORTED_VERSIONS) <= sent_apis, set(SUPPORTED_VERSIONS) - sent_apis
+    # Replica-shaped fetches from a client are answered as Kafka answers them, not only closed.
     replica_fetches = Counter(outcome for case, outcome in results if case.kind == "replica-fetch")
-    assert replica_fetches["answered"] > 0, replica_fetches
+    assert sum(replica_fetches.values()) > replica_fetches["closed"], replica_fetches
 
     assert all(b.running for b in cluster.brokers.values()), cluster.describe()
     cluster.wait_for_registered(timeout=30)
