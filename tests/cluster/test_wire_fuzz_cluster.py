@@ -108,9 +108,10 @@ def cluster_vocabulary(cluster: Cluster, target: int) -> Vocabulary:
         topic_ids.append(topic_id)
     epochs = [cluster.broker_epoch(n) or -1 for n in cluster.broker_ids]
     batch = encode_batch([RecordSpec(b"k", b"fuzz"), RecordSpec(None, b"fuzz-2")])
-    topic = _one_of(*FUZZ_NAMES)
+    # Weighted towards what exists, so that valid requests get past the lookups.
+    topic = _one_of("fuzz-target", "fuzz-target", *FUZZ_NAMES)
     broker = _one_of(1, 2, 3, 1, 2, 3, -1, 4)
-    partition = _one_of(0, 1, 2, 0, 1, 2, 3, -1)
+    partition = _one_of(0, 1, 2, 0, 1, 2, 0, 1, 2, 3, -1)
     epoch = _one_of(-1, 0, 1, 2, 7)
     offset = _one_of(0, 1, 2, 5, 40, -1, 1 << 40)
     group = _one_of(*coordinated_groups(cluster, target))
@@ -118,7 +119,8 @@ def cluster_vocabulary(cluster: Cluster, target: int) -> Vocabulary:
         "topic": topic,
         "name": topic,
         "topic_name": topic,
-        "topic_names": topic,
+        # DeleteTopics v1-5 (v6 names topics in "name"): fuzz-target mostly stays, the rest churn.
+        "topic_names": _one_of(*(name for name in FUZZ_NAMES if name != "fuzz-target")),
         "topic_id": _one_of(*topic_ids, uuid.uuid4()),
         "resource_name": _one_of(*FUZZ_NAMES, "1", "2", "3", ""),
         "resource_type": _one_of(2, 4, 8),
@@ -127,7 +129,7 @@ def cluster_vocabulary(cluster: Cluster, target: int) -> Vocabulary:
         "index": partition,
         "partitions": partition,
         "partition_indexes": partition,
-        "replica_id": broker,
+        "replica_id": _one_of(-1, -1, -1, *cluster.broker_ids, 4),  # a consumer, or a follower
         "broker_ids": broker,
         "replicas": broker,
         "replica_epoch": _one_of(-1, *epochs),
