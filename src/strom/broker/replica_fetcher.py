@@ -37,6 +37,7 @@ from strom.network.fetch_session import FINAL_EPOCH, INVALID_SESSION_ID, FetchSe
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
+from strom.records import batch as rb
 
 if TYPE_CHECKING:
     from strom.broker.config import KafkaConfig
@@ -555,11 +556,35 @@ class ReplicaFetcher:
             await self._truncate_partition(partition, offset)
             return
         if data.records:
+            await self._start_at_first_batch(partition, data.records)
+            if self._current(tp, state) is not partition:
+                return  # led here, removed or re-added while the restart ran off the loop
             await partition.append_records_as_follower(data.records)
             if self._current(tp, state) is not partition:
                 return  # led here, removed or re-added while the append ran off the loop
         partition.update_follower_high_watermark(data.high_watermark)
         partition.log.follow_log_start_offset(data.log_start_offset, partition.high_watermark)
+
+    @staticmethod
+    async def _start_at_first_batch(partition: Partition, records: bytes) -> None:
+        """An empty log whose start falls inside the leader's first batch restarts at that batch's
+        first offset (as Kafka's follower does on UnexpectedAppendOffsetException): DeleteRecords
+        moves the leader's log start to any offset, mid-batch too, and a follower restarted there
+        is answered with the whole batch. Its log start then follows the leader's again."""
+        log_ = partition.log
+        end = log_.log_end_offset
+        if end != log_.log_start_offset or len(records) < rb.HEADER_SIZE:
+            return
+        try:
+            header = rb.read_header(records)
+        except rb.InvalidBatchError:
+            return  # the append reports it
+        if header.base_offset < end <= header.last_offset:
+            log.info(
+                "follower log starts inside the leader's first batch: restarting it at the batch",
+                extra={"partition": str(partition.tp), "log_start_offset": end, "to": header.base_offset},
+            )
+            await partition.truncate_fully_and_start_at(header.base_offset)
 
     async def _handle_out_of_range(
         self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState
