@@ -332,7 +332,16 @@ class ReplicaFetcher:
 
     def _fail(self, tp: TopicPartition, state: PartitionFetchState, what: str) -> None:
         """Mark ``tp`` failed (Kafka's markPartitionFailed), logged once with the exception being
-        handled; the fetcher's other partitions go on."""
+        handled; the fetcher's other partitions go on. A partition that left this fetcher (or
+        went offline with its log dir, logged there) while its I/O ran is not failed: its log
+        was closed under the append or truncation (a deleted topic), and nothing is wrong."""
+        if self._current(tp, state) is None:
+            log.debug(
+                "replica fetcher: partition left while its I/O ran",
+                exc_info=True,
+                extra={"partition": str(tp), "leader": self.leader_id, "while": what},
+            )
+            return
         state.failed = True
         log.error(
             "replica fetcher: partition failed; it is not fetched until its next state",
