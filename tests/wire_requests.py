@@ -2,7 +2,9 @@
 
 ``sample_request`` fills every field of a request entity with a small valid value (one
 element per array, short strings), so that mutating a length or count prefix of it --
-found with ``strom.protocol.guard.length_prefixes`` -- exercises every such field.
+found with ``strom.protocol.guard.length_prefixes`` -- exercises every such field. A
+``Vocabulary`` replaces those values by field name, so that requests name what exists (a
+cluster's topics, brokers and partitions) and reach the handlers' deeper paths.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import io
 import random
 import struct
 import uuid
+from collections.abc import Callable, Mapping
 from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin
 
@@ -22,6 +25,9 @@ from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveTuple
 from strom.protocol.apis import REJECTED_VERSIONS, SUPPORTED_VERSIONS, is_flexible, request_entity
 
 _EPOCH = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+
+# Field name -> a value of that field's type (one element, for an array of primitives).
+Vocabulary = Mapping[str, Callable[[random.Random], Any]]
 
 
 def served_versions() -> list[tuple[int, int]]:
@@ -64,26 +70,33 @@ def _is_union_with_none(annotation: Any) -> bool:
     return get_origin(annotation) in (Union, UnionType) and NoneType in get_args(annotation)
 
 
-def sample_entity(entity_type: type[Any], rng: random.Random) -> Any:
+def sample_entity(entity_type: type[Any], rng: random.Random, vocabulary: Vocabulary | None = None) -> Any:
     values: dict[str, Any] = {}
     for field in dataclasses.fields(entity_type):
         kind = classify_field(field)
         kafka_type = field.metadata.get("kafka_type")
+        word = vocabulary.get(field.name) if vocabulary else None
         if isinstance(kind, EntityField):
-            values[field.name] = sample_entity(kind.type_, rng)
+            values[field.name] = sample_entity(kind.type_, rng, vocabulary)
         elif isinstance(kind, EntityTupleField):
-            values[field.name] = tuple(sample_entity(kind.type_, rng) for _ in range(rng.randint(1, 2)))
+            values[field.name] = tuple(
+                sample_entity(kind.type_, rng, vocabulary) for _ in range(rng.randint(1, 2))
+            )
         elif isinstance(kind, PrimitiveTupleField):
             assert isinstance(kafka_type, str)
-            values[field.name] = tuple(_primitive(kafka_type, rng) for _ in range(rng.randint(1, 3)))
+            values[field.name] = tuple(
+                word(rng) if word else _primitive(kafka_type, rng) for _ in range(rng.randint(1, 3))
+            )
         else:
             assert isinstance(kafka_type, str)
-            values[field.name] = _primitive(kafka_type, rng)
+            values[field.name] = word(rng) if word else _primitive(kafka_type, rng)
     return entity_type(**values)
 
 
-def sample_request(api_key: int, version: int, rng: random.Random) -> Any:
-    return sample_entity(request_entity(api_key, version), rng)
+def sample_request(
+    api_key: int, version: int, rng: random.Random, vocabulary: Vocabulary | None = None
+) -> Any:
+    return sample_entity(request_entity(api_key, version), rng, vocabulary)
 
 
 def encode_body(request: Any) -> bytes:

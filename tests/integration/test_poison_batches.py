@@ -32,7 +32,7 @@ from kio.schema.errors import ErrorCode
 
 from brokerproc import BrokerProcess
 from integration.clients_util import GROUP_ID, confluent_consumer, kafka_python_consumer
-from kafka_wire import GroupWire, KafkaWire
+from kafka_wire import REQUEST_TIMEOUT, GroupWire, KafkaWire, build_entity, kio_request
 from strom.records import batch as rb
 from strom.records import scanner
 from strom.records.batch import CompressionType
@@ -475,3 +475,27 @@ def test_the_canary_was_served_within_a_second_and_rss_stayed_bounded(broker: Br
         f"over {report['rounds']} rounds"
     )
     assert peak < RSS_LIMIT_BYTES
+
+
+@pytest.mark.parametrize("version", [3, 7])
+def test_record_errors_before_produce_v8_are_answered_by_the_error_alone(
+    wire: KafkaWire, canary: Canary, version: int
+) -> None:
+    # Produce v3-v7 answers have no record_errors: the handler died building them and closed the
+    # connection (found by the cluster wire fuzz).
+    m = kio_request("produce", version)
+    payload = record(0, b"k") + record(1, None) + record(2, None)
+    request = build_entity(
+        m.ProduceRequest,
+        transactional_id=None,
+        acks=1,
+        timeout=REQUEST_TIMEOUT,
+        topic_data=(
+            m.TopicProduceData(
+                name=COMPACTED, partition_data=(m.PartitionProduceData(index=0, records=batch(payload, 3)),)
+            ),
+        ),
+    )
+    (answer,) = wire.request(request).responses[0].partition_responses
+    assert answer.error_code == ErrorCode.invalid_record, answer
+    produce_valid(wire, COMPACTED)

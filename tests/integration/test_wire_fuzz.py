@@ -18,7 +18,6 @@ second, and the broker's RSS must stay under a bound. Each case's answer is coun
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import random
 import socket
@@ -28,20 +27,16 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader
 
 from brokerproc import HOST, BrokerProcess
 from kafka_wire import LATEST, KafkaWire
-from strom.protocol.apis import is_flexible
-from strom.protocol.guard import length_prefixes
-from wire_requests import encode_body, request_frame, sample_request, served_versions, set_prefix
+from wire_fuzz import FAILURES, length_cases, mutated_cases, random_cases, recv_exactly, run_case
+from wire_requests import request_frame
 
 SEED = 20261125
 BROKER_CONFIG = {
@@ -53,12 +48,10 @@ CANARY_TOPIC = "fuzz-canary"
 MAX_CANARY_STALL_S = 1.0
 # The broker's resident memory may grow by at most this much over the whole run.
 RSS_GROWTH_BOUND_MIB = 150
-LENGTH_VALUES = (2**32 - 1, 2**31 - 1, 2**31, 2**16 + 7, -2, -1, 0)
 MUTATED_CASES = 7_500
 RANDOM_CASES = 6_000
 WORKERS = 6
 CASE_TIMEOUT_S = 2.0
-PROBE_CORRELATION_ID = 0x7FFF0001
 
 
 def vm_rss_mib(pid: int) -> float:
@@ -66,121 +59,6 @@ def vm_rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Case:
-    kind: str
-    frame: bytes
-    api_key: int
-    version: int
-
-
-def probe_frame() -> bytes:
-    """ApiVersions v0: its answer after a hostile frame shows the connection still serves."""
-    return request_frame(18, 0, PROBE_CORRELATION_ID, b"")
-
-
-def first_error(value: Any) -> int:
-    """The first non-zero error code anywhere in a response entity, else 0."""
-    if dataclasses.is_dataclass(value):
-        for field in dataclasses.fields(value):
-            item = getattr(value, field.name)
-            if field.name == "error_code" and isinstance(item, int) and item != 0:
-                return int(item)
-            code = first_error(item)
-            if code:
-                return code
-    elif isinstance(value, tuple):
-        for item in value:
-            code = first_error(item)
-            if code:
-                return code
-    return 0
-
-
-def recv_exactly(sock: socket.socket, n: int) -> bytes | None:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
-
-
-def run_case(port: int, case: Case) -> str:
-    """Send a hostile frame and a probe on a fresh connection; how the broker answered."""
-    try:
-        sock = socket.create_connection((HOST, port), timeout=CASE_TIMEOUT_S)
-    except OSError as exc:
-        return f"connect-failed:{type(exc).__name__}"
-    with sock:
-        try:
-            sock.sendall(case.frame + probe_frame())
-            outcome = "answered"
-            while True:
-                head = recv_exactly(sock, 4)
-                if head is None:
-                    return "closed" if outcome == "answered" else outcome
-                (size,) = struct.unpack(">i", head)
-                frame = recv_exactly(sock, size)
-                if frame is None:
-                    return "closed"
-                (correlation_id,) = struct.unpack_from(">i", frame)
-                if correlation_id == PROBE_CORRELATION_ID:
-                    return outcome
-                outcome = classify_response(case, frame)
-        except (ConnectionResetError, BrokenPipeError):
-            return "closed"
-        except TimeoutError:
-            return "no-answer"
-
-
-def classify_response(case: Case, frame: bytes) -> str:
-    try:
-        offset = 4
-        if is_flexible(case.api_key, case.version) and case.api_key != 18:
-            offset += 1
-        value, _ = entity_reader(load_response_schema(case.api_key, case.version))(frame, offset)
-    except Exception:  # an answer to a header this test garbled itself: still an answer
-        return "answered"
-    code = first_error(value)
-    return f"error:{ErrorCode(code).name}" if code else "answered"
-
-
-def length_cases(rng: random.Random) -> Iterator[Case]:
-    for api_key, version in served_versions():
-        body = encode_body(sample_request(api_key, version, rng))
-        for offset, encoding in length_prefixes(api_key, version, body):
-            for value in LENGTH_VALUES:
-                mutated = set_prefix(body, offset, encoding, value)
-                yield Case("length", request_frame(api_key, version, 1, mutated), api_key, version)
-
-
-def mutated_cases(rng: random.Random) -> Iterator[Case]:
-    served = served_versions()
-    for _ in range(MUTATED_CASES):
-        api_key, version = rng.choice(served)
-        body = bytearray(encode_body(sample_request(api_key, version, rng)))
-        if body and rng.random() < 0.6:
-            for _flip in range(rng.randint(1, 3)):
-                body[rng.randrange(len(body))] ^= 1 << rng.randrange(8)
-        else:
-            body = body[: rng.randrange(len(body) + 1)]
-        yield Case("mutated", request_frame(api_key, version, 1, bytes(body)), api_key, version)
-
-
-def random_cases(rng: random.Random) -> Iterator[Case]:
-    served = served_versions()
-    for _ in range(RANDOM_CASES):
-        body = rng.randbytes(rng.randint(0, 120))
-        if rng.random() < 0.5:
-            api_key, version = rng.choice(served)
-            yield Case("random", request_frame(api_key, version, 1, body), api_key, version)
-        else:
-            payload = rng.randbytes(8) + body
-            yield Case("random", struct.pack(">i", len(payload)) + payload, -1, -1)
 
 
 CANARY_SCRIPT = """
@@ -317,10 +195,14 @@ def test_the_broker_survives_hostile_bytes(broker: BrokerProcess) -> None:
         loris_result = loris.submit(slowloris, broker.port, 50, 5.0)
 
         rng = random.Random(SEED)
-        cases = [*length_cases(rng), *mutated_cases(rng), *random_cases(rng)]
+        cases = [*length_cases(rng), *mutated_cases(rng, MUTATED_CASES), *random_cases(rng, RANDOM_CASES)]
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             for index, (case, outcome) in enumerate(
-                zip(cases, pool.map(lambda c: run_case(broker.port, c), cases, chunksize=64), strict=True)
+                zip(
+                    cases,
+                    pool.map(lambda c: run_case(HOST, broker.port, c, CASE_TIMEOUT_S), cases, chunksize=64),
+                    strict=True,
+                )
             ):
                 outcomes.setdefault(case.kind, Counter())[outcome] += 1
                 if index % 2000 == 0:
@@ -348,9 +230,7 @@ def test_the_broker_survives_hostile_bytes(broker: BrokerProcess) -> None:
     assert rss_peak - rss_before < RSS_GROWTH_BOUND_MIB
     assert outcomes["size-prefix-2GiB"]["closed"] == 50
     assert outcomes["slowloris"]["answered"] == 50
-    assert not any(
-        k.startswith("connect-failed") or k == "no-answer" for c in outcomes.values() for k in c
-    ), outcomes
+    assert not any(k.startswith(FAILURES) for c in outcomes.values() for k in c), outcomes
     with KafkaWire.connect(broker.bootstrap) as wire:  # alive and serving
         assert wire.list_offset(CANARY_TOPIC, LATEST) >= canary.rounds
     log = broker.log_path.read_text(errors="replace")

@@ -37,6 +37,7 @@ from strom.network.fetch_session import FINAL_EPOCH, INVALID_SESSION_ID, FetchSe
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
+from strom.records import batch as rb
 
 if TYPE_CHECKING:
     from strom.broker.config import KafkaConfig
@@ -331,7 +332,16 @@ class ReplicaFetcher:
 
     def _fail(self, tp: TopicPartition, state: PartitionFetchState, what: str) -> None:
         """Mark ``tp`` failed (Kafka's markPartitionFailed), logged once with the exception being
-        handled; the fetcher's other partitions go on."""
+        handled; the fetcher's other partitions go on. A partition that left this fetcher (or
+        went offline with its log dir, logged there) while its I/O ran is not failed: its log
+        was closed under the append or truncation (a deleted topic), and nothing is wrong."""
+        if self._current(tp, state) is None:
+            log.debug(
+                "replica fetcher: partition left while its I/O ran",
+                exc_info=True,
+                extra={"partition": str(tp), "leader": self.leader_id, "while": what},
+            )
+            return
         state.failed = True
         log.error(
             "replica fetcher: partition failed; it is not fetched until its next state",
@@ -352,6 +362,7 @@ class ReplicaFetcher:
         for tp, state in states.items():
             partition = self._current(tp, state)
             if partition is None:
+                self._delay(tp, state)  # see _fetch
                 continue
             latest = partition.log.leader_epoch_cache.latest_epoch
             if latest is None:
@@ -433,6 +444,11 @@ class ReplicaFetcher:
         for tp, state in states.items():
             partition = self._current(tp, state)
             if partition is None:
+                # Offline (its log dir failed with another partition's append) or no longer
+                # followed from here: not ready again before the backoff, or a fetcher left with
+                # nothing to ask would loop on the event loop without ever awaiting, and the broker
+                # would stop answering anyone.
+                self._delay(tp, state)
                 continue
             latest = partition.log.leader_epoch_cache.latest_epoch
             wanted[(tp, state.topic_id)] = FetchPartitionRequest(
@@ -549,11 +565,35 @@ class ReplicaFetcher:
             await self._truncate_partition(partition, offset)
             return
         if data.records:
+            await self._start_at_first_batch(partition, data.records)
+            if self._current(tp, state) is not partition:
+                return  # led here, removed or re-added while the restart ran off the loop
             await partition.append_records_as_follower(data.records)
             if self._current(tp, state) is not partition:
                 return  # led here, removed or re-added while the append ran off the loop
         partition.update_follower_high_watermark(data.high_watermark)
         partition.log.follow_log_start_offset(data.log_start_offset, partition.high_watermark)
+
+    @staticmethod
+    async def _start_at_first_batch(partition: Partition, records: bytes) -> None:
+        """An empty log whose start falls inside the leader's first batch restarts at that batch's
+        first offset (as Kafka's follower does on UnexpectedAppendOffsetException): DeleteRecords
+        moves the leader's log start to any offset, mid-batch too, and a follower restarted there
+        is answered with the whole batch. Its log start then follows the leader's again."""
+        log_ = partition.log
+        end = log_.log_end_offset
+        if end != log_.log_start_offset or len(records) < rb.HEADER_SIZE:
+            return
+        try:
+            header = rb.read_header(records)
+        except rb.InvalidBatchError:
+            return  # the append reports it
+        if header.base_offset < end <= header.last_offset:
+            log.info(
+                "follower log starts inside the leader's first batch: restarting it at the batch",
+                extra={"partition": str(partition.tp), "log_start_offset": end, "to": header.base_offset},
+            )
+            await partition.truncate_fully_and_start_at(header.base_offset)
 
     async def _handle_out_of_range(
         self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState

@@ -144,7 +144,9 @@ _R = TypeVar("_R")
 
 def _log_dir_io(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concatenate[Log, _P], _R]:
     """An OSError under ``method`` (raw, or wrapped in a KafkaStorageError by a segment) takes the
-    log's dir offline through its failure channel and surfaces as KAFKA_STORAGE_ERROR."""
+    log's dir offline through its failure channel and surfaces as KAFKA_STORAGE_ERROR, unless the
+    log was closed meanwhile: a follower's append on the log's I/O executor that meets the files
+    its deletion just closed (EBADF) says nothing of the disk."""
 
     @functools.wraps(method)
     def guarded(self: Log, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -153,9 +155,11 @@ def _log_dir_io(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concaten
         except LogDirOfflineError:
             raise
         except OSError as e:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.dir.name} closed during {method.__name__}") from e
             raise self.log_dir_failed(method.__name__, e) from e
         except KafkaStorageError as e:
-            if isinstance(e.__cause__, OSError):
+            if isinstance(e.__cause__, OSError) and not self._closed:
                 raise self.log_dir_failed(method.__name__, e.__cause__) from e
             raise
 

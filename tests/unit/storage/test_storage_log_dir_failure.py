@@ -147,3 +147,26 @@ def test_log_manager_starts_when_a_dir_fails_to_load(tmp_path: Path, monkeypatch
         restarted.get_or_create_log("t", 0, CONFIG)
     restarted.shutdown()
     assert (tmp_path / "d" / "t-0" / "00000000000000000000.log").stat().st_size > 0
+
+
+def test_an_append_that_meets_its_deleted_log_leaves_the_dir_online(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A follower's append runs on the log's I/O executor; the topic's deletion closes the files
+    # meanwhile (found by the cluster wire fuzz: EBADF took a broker's only log dir offline).
+    log = Log.open(tmp_path / "t-0", CONFIG)
+    log.append_as_leader(make_batch(count=2), 0)
+    analyzed = log.analyze_follower_records(make_batch(count=2, base_offset=log.log_end_offset))
+    assert analyzed is not None
+    segment = log.active_segment
+    should_roll = segment.should_roll
+
+    def deleted_meanwhile(*args: Any) -> bool:
+        log.delete()  # between the append's open check and its write
+        return should_roll(*args)
+
+    monkeypatch.setattr(segment, "should_roll", deleted_meanwhile)
+    with pytest.raises(KafkaStorageError) as raised:
+        log.append_analyzed_as_follower(analyzed)
+    assert not isinstance(raised.value, LogDirOfflineError)
+    assert not log.offline and not log.log_dir_failure_channel.offline_dirs()

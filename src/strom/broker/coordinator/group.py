@@ -281,6 +281,10 @@ class ClassicGroup:
             return None
         topics: set[str] = set()
         for member in self.members.values():
+            if self.protocol_name not in member.protocol_names:
+                # A static member rejoined with other protocols; the rebalance that follows
+                # chooses again (Kafka keeps the subscription of the last generation instead).
+                return None
             parsed = subscription_topics(member.metadata_for(self.protocol_name))
             if parsed is None:
                 return None

@@ -78,6 +78,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
         [tp for tp, result in results.items() if result.error == ErrorCode.not_leader_or_follower],
     )
     with_hints = has_field(r.PartitionProduceResponse, "current_leader")
+    # Per-record errors exist from v8 (KIP-467); older answers carry the error code alone.
+    with_record_errors = has_field(r.PartitionProduceResponse, "record_errors")
     responses = []
     for key, tps in order:
         partitions = []
@@ -93,7 +95,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                     log_start_offset=result.log_start_offset,
                     record_errors=tuple(
                         build(r.BatchIndexAndErrorMessage, batch_index=i, batch_index_error_message=m)
-                        for i, m in result.record_errors
+                        for i, m in (result.record_errors if with_record_errors else ())
                     ),
                     error_message=result.error_message,
                     **(
