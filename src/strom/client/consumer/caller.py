@@ -79,9 +79,18 @@ class CallerTasks:
             self._loop.call_soon_threadsafe(_resolve, future, result, exc)
 
     def cancel_all(self) -> None:
-        while self._queue:
-            _, _, future = self._queue.popleft()
-            if future is not None and not future.done():
+        """Cancel the queued work the loop awaits (a closing consumer's rebalance callbacks). Posted
+        callbacks (asynchronous commits finished during close) stay queued: the blocking call that
+        is closing runs them before it returns, as Kafka's close() completes pending commits."""
+        for _ in range(len(self._queue)):
+            try:
+                work = self._queue.popleft()
+            except IndexError:  # the caller's thread ran the rest meanwhile
+                return
+            future = work[2]
+            if future is None:
+                self._queue.append(work)
+            elif not future.done():
                 future.cancel()
 
 

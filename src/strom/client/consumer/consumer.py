@@ -268,8 +268,9 @@ class AsyncConsumer:
         caller = self._core.caller
         while True:
             self._wake.clear()
+            done = task.done()  # as in Consumer._run: what it queued before ending runs first
             await caller.run_pending_async()
-            if task.done():
+            if done:
                 return task.result()
             await self._wake.wait()
 
