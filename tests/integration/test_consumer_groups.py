@@ -37,6 +37,9 @@ REBALANCE_MARGIN = 3.0
 # Processing time of each batch, between the report of its records and their commit: a window
 # in which to kill a member that has processed records without committing them.
 PROCESSING_MS = 300
+# The member that is killed processes longer, so that the kill lands between its report of records
+# and their commit however late a busy machine lets the test see that report.
+VICTIM_PROCESSING_MS = 2000
 # Start-up, joins and several rebalances of freshly started processes, on a busy machine.
 SETTLE_TIMEOUT = 30.0
 # How long a member must stay quiet to show that no rebalance happened: a rebalance reaches
@@ -197,7 +200,9 @@ def test_killed_member_partitions_move_and_no_record_is_skipped(
 ) -> None:
     names = [f"{client}-{i}" for i in range(3)]
     members = start_members(
-        watch, tmp_path, bootstrap, topic, group, client, names, commit_delay_ms=PROCESSING_MS
+        watch, tmp_path, bootstrap, topic, group, client, names[:1], commit_delay_ms=VICTIM_PROCESSING_MS
+    ) + start_members(
+        watch, tmp_path, bootstrap, topic, group, client, names[1:], commit_delay_ms=PROCESSING_MS
     )
     watch.wait_until(lambda: balanced(members), SETTLE_TIMEOUT, "3 members share 6 partitions")
     victim, survivors = members[0], members[1:]
