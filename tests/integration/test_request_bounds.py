@@ -194,12 +194,18 @@ def test_metadata_auto_creates_at_most_10000_partitions_per_request(broker: Brok
 
 
 def fetch_frame(
-    topic: str, partitions: range, correlation_id: int, *, session_id: int = 0, session_epoch: int = 0
+    topic: str,
+    partitions: range,
+    correlation_id: int,
+    *,
+    session_id: int = 0,
+    session_epoch: int = 0,
+    replica_id: int = -1,
 ) -> bytes:
     """Fetch v12 (epoch 0: open a session) of ``partitions`` of ``topic`` from offset 0."""
     partition = b"".join(struct.pack(">iiqiqi", index, -1, 0, -1, -1, 1024) + b"\x00" for index in partitions)
     body = (
-        struct.pack(">iiiibii", -1, 0, 1, 1 << 20, 0, session_id, session_epoch)
+        struct.pack(">iiiibii", replica_id, 0, 1, 1 << 20, 0, session_id, session_epoch)
         + uvarint(2)
         + compact_string(topic)
         + uvarint(len(partitions) + 1)
@@ -227,6 +233,22 @@ def test_fetch_of_250000_partitions_leaves_others_served_and_opens_no_huge_sessi
     assert topic.partitions[0].error_code == ErrorCode.none
     assert {p.error_code for p in topic.partitions[1:]} == {ErrorCode.unknown_topic_or_partition}
     # A session of 250,000 partitions would keep 70 MB: the fetch is answered without one.
+    assert response.session_id == 0
+
+
+def test_a_refused_replica_fetch_of_400000_partitions_leaves_others_served(broker: BrokerProcess) -> None:
+    # A fetch posing as broker 1's follower is refused partition by partition: that answer is
+    # built a slice at a time too.
+    count = 400_000
+    frame = fetch_frame(PROBE_TOPIC, range(count), 10, replica_id=1)
+    assert len(frame) < REQUEST_MAX_BYTES
+
+    answer, probe = while_probed(broker, lambda: send_and_receive(broker, frame, 10))
+    response = decode_response(answer, 1, 12)
+    assert probe.slowest < MAX_PROBE_ROUND_TRIP_S, probe.slowest
+    (topic,) = response.responses
+    assert len(topic.partitions) == count
+    assert {p.error_code for p in topic.partitions} == {ErrorCode.not_leader_or_follower}
     assert response.session_id == 0
 
 

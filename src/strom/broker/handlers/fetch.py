@@ -24,6 +24,7 @@ follower fetch it does not record, and no fetch session is touched.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from strom.broker.cluster.metadata import TopicState
@@ -103,7 +104,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     if replica_id >= 0 and not await broker.replica_manager.accepts_replica_fetch(
         replica_id, replica_epoch_of(ctx.version, request), peer_host(ctx.connection.peer)
     ):
-        return refused_replica_fetch(r, requested, by_id)
+        return await refused_replica_fetch(r, requested, by_id)
     # Before v7 there are no sessions: every fetch is a sessionless full fetch.
     context = broker.fetch_sessions.new_context(
         getattr(request, "session_id", INVALID_SESSION_ID),
@@ -196,6 +197,17 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
                 **_partition_hints(r, tp, result, hints),
             )
         )
+    return build(
+        r.FetchResponse,
+        error_code=ErrorCode.none,
+        session_id=session_id,
+        responses=await topic_responses(r, by_topic, by_id),
+        node_endpoints=node_endpoints(r, broker.replica_manager, hints),
+    )
+
+
+async def topic_responses(r: Any, by_topic: dict[TopicKey, ArrayBuilder], by_id: bool) -> Sequence[Any]:
+    """The response's topics, each with the partitions gathered for it, a slice at a time."""
     responses = ArrayBuilder(r.FetchableTopicResponse)
     async for topic_key, partitions in sliced(by_topic.items()):
         await responses.add(
@@ -205,21 +217,19 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
                 **({"topic_id": topic_key} if by_id else {"topic": topic_key}),
             )
         )
-    return build(
-        r.FetchResponse,
-        error_code=ErrorCode.none,
-        session_id=session_id,
-        responses=responses.value(),
-        node_endpoints=node_endpoints(r, broker.replica_manager, hints),
-    )
+    return responses.value()
 
 
-def refused_replica_fetch(r: Any, requested: list[RequestedPartition], by_id: bool) -> Any:
-    """Every requested partition NOT_LEADER_OR_FOLLOWER, without records or a session."""
-    by_topic: dict[TopicKey, list[Any]] = {}
-    for p in requested:
+async def refused_replica_fetch(r: Any, requested: list[RequestedPartition], by_id: bool) -> Any:
+    """Every requested partition NOT_LEADER_OR_FOLLOWER, without records or a session (a slice
+    at a time, as any fetch: a refused one may name 400,000 partitions too)."""
+    by_topic: dict[TopicKey, ArrayBuilder] = {}
+    async for p in sliced(requested):
         topic_key, index = p.key
-        by_topic.setdefault(topic_key, []).append(
+        partitions = by_topic.get(topic_key)
+        if partitions is None:
+            partitions = by_topic[topic_key] = ArrayBuilder(r.PartitionData)
+        await partitions.add(
             build(
                 r.PartitionData,
                 partition_index=index,
@@ -232,16 +242,11 @@ def refused_replica_fetch(r: Any, requested: list[RequestedPartition], by_id: bo
                 records=b"",
             )
         )
-    responses = tuple(
-        build(
-            r.FetchableTopicResponse,
-            partitions=tuple(partitions),
-            **({"topic_id": topic_key} if by_id else {"topic": topic_key}),
-        )
-        for topic_key, partitions in by_topic.items()
-    )
     return build(
-        r.FetchResponse, error_code=ErrorCode.none, session_id=INVALID_SESSION_ID, responses=responses
+        r.FetchResponse,
+        error_code=ErrorCode.none,
+        session_id=INVALID_SESSION_ID,
+        responses=await topic_responses(r, by_topic, by_id),
     )
 
 
