@@ -28,7 +28,6 @@ from strom.broker.cluster.controller.decisions import (
 from strom.broker.cluster.controller.events import EventQueue, Handler, retry_backoff
 from strom.broker.cluster.controller.requests import ControlledShutdownReport
 from strom.broker.cluster.controller.writer import (
-    PARSE_ERRORS,
     ControllerMovedError,
     FencedWriter,
     UnparseableZnodes,
@@ -426,7 +425,7 @@ class Controller:
         got = await self._zk.get_or_none(path)
         try:
             override = znodes.EntityConfigZNode.decode(got[0] if got else None).config.get(UNCLEAN_KEY)
-        except PARSE_ERRORS as e:
+        except znodes.MALFORMED as e:
             self._unparseable.skip(path, e)
             override = None
         else:
@@ -706,7 +705,7 @@ class Controller:
             return
         try:
             requests = znodes.decode_reassignment(got[0])
-        except PARSE_ERRORS as e:
+        except znodes.MALFORMED as e:
             self._unparseable.skip(znodes.REASSIGN_PARTITIONS, e)
             requests = []
         for request in requests:
@@ -907,7 +906,7 @@ class Controller:
             return
         try:
             partitions = znodes.decode_partition_list(got[0])
-        except PARSE_ERRORS as e:
+        except znodes.MALFORMED as e:
             self._unparseable.skip(znodes.PREFERRED_REPLICA_ELECTION, e)
             partitions = []
         await self._elect_preferred(partitions, "preferred replica election")

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from kazoo.exceptions import KazooException
 
-from strom.broker.cluster.controller.writer import PARSE_ERRORS
 from strom.broker.zk import znodes
 from strom.broker.zk.client import AsyncZooKeeper, NodeExistsError, NoNodeError, ZnodeStat
 
@@ -133,7 +132,7 @@ async def request_preferred_leader_election(
         partitions = []
         for topic in sorted(await zk.get_children(znodes.TOPICS)):
             got = await zk.get_or_none(znodes.topic_path(topic))
-            with contextlib.suppress(*PARSE_ERRORS):  # the controller skips it too
+            with contextlib.suppress(*znodes.MALFORMED):  # the controller skips it too
                 if got is not None:
                     partitions += [(topic, p) for p in sorted(znodes.TopicZNode.decode(got[0]).partitions)]
     data = znodes.encode_partition_list(partitions)

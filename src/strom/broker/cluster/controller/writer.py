@@ -15,9 +15,6 @@ from strom.broker.zk.client import AsyncZooKeeper, Check, Create, Delete, MultiO
 
 log = logging.getLogger("strom.broker.cluster.controller")
 
-# What a znode's JSON that is not what its reader expects raises while it is decoded.
-PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
-
 
 class ControllerMovedError(Exception):
     """This broker is no longer the controller: a write failed the epoch check, or its session
@@ -49,7 +46,7 @@ class UnparseableZnodes:
         path = znodes.topic_path(topic)
         try:
             znode = znodes.TopicZNode.decode(data)
-        except PARSE_ERRORS as e:
+        except znodes.MALFORMED as e:
             self.skip(path, e)
             return None
         self.parsed(path)
@@ -58,7 +55,7 @@ class UnparseableZnodes:
     def state(self, path: str, data: bytes) -> znodes.LeaderAndIsr | None:
         try:
             state = znodes.LeaderAndIsr.decode(data)
-        except PARSE_ERRORS as e:
+        except znodes.MALFORMED as e:
             self.skip(path, e)
             return None
         self.parsed(path)
