@@ -15,7 +15,10 @@ from strom.storage.errors import (
     UnknownProducerIdError,
 )
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
-from strom.storage.log import (
+from strom.storage.log_config import LogConfig
+from strom.storage.log_manager import LogDirInUseError, LogManager, NewLog
+from strom.storage.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
+from strom.storage.unified_log import (
     CLEAN_SHUTDOWN_FILE,
     EARLIEST_LOCAL_TIMESTAMP,
     EARLIEST_TIMESTAMP,
@@ -23,13 +26,10 @@ from strom.storage.log import (
     MAX_TIMESTAMP,
     FetchDataInfo,
     InconsistentTopicIdError,
-    Log,
     LogAppendInfo,
     TimestampAndOffset,
+    UnifiedLog,
 )
-from strom.storage.log_config import LogConfig
-from strom.storage.log_manager import LogDirInUseError, LogManager, NewLog
-from strom.storage.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
 
 __all__ = [
     "CLEAN_SHUTDOWN_FILE",
@@ -48,7 +48,6 @@ __all__ = [
     "InvalidTimestampError",
     "KafkaStorageError",
     "LeaderEpochFileCache",
-    "Log",
     "LogAppendInfo",
     "LogCleaner",
     "LogConfig",
@@ -63,5 +62,6 @@ __all__ = [
     "RecordTooLargeError",
     "StorageError",
     "TimestampAndOffset",
+    "UnifiedLog",
     "UnknownProducerIdError",
 ]

@@ -1,4 +1,4 @@
-"""Log: one partition's log, a directory ``<topic>-<partition>`` of segments (Kafka's UnifiedLog).
+"""UnifiedLog: one partition's log, a directory ``<topic>-<partition>`` of segments (Kafka's UnifiedLog).
 
 Threading: everything runs on the broker's event-loop thread except ``flush``,
 which a worker thread may call while the loop appends, and the file-mutating steps the broker
@@ -142,14 +142,16 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-def _log_dir_io(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concatenate[Log, _P], _R]:
+def _log_dir_io(
+    method: Callable[Concatenate[UnifiedLog, _P], _R],
+) -> Callable[Concatenate[UnifiedLog, _P], _R]:
     """An OSError under ``method`` (raw, or wrapped in a KafkaStorageError by a segment) takes the
     log's dir offline through its failure channel and surfaces as KAFKA_STORAGE_ERROR, unless the
     log was closed meanwhile: a follower's append on the log's I/O executor that meets the files
     its deletion just closed (EBADF) says nothing of the disk."""
 
     @functools.wraps(method)
-    def guarded(self: Log, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    def guarded(self: UnifiedLog, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return method(self, *args, **kwargs)
         except LogDirOfflineError:
@@ -166,7 +168,7 @@ def _log_dir_io(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concaten
     return guarded
 
 
-class Log:
+class UnifiedLog:
     def __init__(
         self, dir: Path, config: LogConfig, topic_id: uuid.UUID | None, time_ms: Callable[[], int]
     ) -> None:
@@ -192,7 +194,7 @@ class Log:
         self.leader_epoch_cache = LeaderEpochFileCache(dir, lambda: self.log_end_offset)
         self.producer_state = ProducerStateManager(dir)
         # Set by LogManager: persists the log start offset when DeleteRecords moves it.
-        self.log_start_offset_listener: Callable[[Log], None] | None = None
+        self.log_start_offset_listener: Callable[[UnifiedLog], None] | None = None
         # LogManager shares one channel between its logs; a log on its own has its own.
         self.log_dir_failure_channel = LogDirFailureChannel()
         # File-mutating steps off the event loop, one at a time in order (see the module doc).
@@ -211,7 +213,7 @@ class Log:
         log_start_offset: int | None = None,
         recovery_point: int | None = None,
         had_clean_shutdown: bool | None = None,
-    ) -> Log:
+    ) -> UnifiedLog:
         """Create or load the log in ``dir``; recover it if its log dir was not shut down cleanly.
 
         ``log_start_offset`` and ``recovery_point`` come from the log dir's checkpoint
@@ -1127,6 +1129,6 @@ class Log:
 
     def __repr__(self) -> str:
         return (
-            f"Log({self.dir.name}, log_start_offset={self.log_start_offset}, "
+            f"UnifiedLog({self.dir.name}, log_start_offset={self.log_start_offset}, "
             f"log_end_offset={self.log_end_offset}, segments={len(self._segments)})"
         )
