@@ -15,19 +15,18 @@ from strom.storage.errors import (
     UnknownProducerIdError,
 )
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
+from strom.storage.local_log import FetchDataInfo, LocalLog, TimestampAndOffset
 from strom.storage.log_config import LogConfig
+from strom.storage.log_loader import CLEAN_SHUTDOWN_FILE, LogLoader
 from strom.storage.log_manager import LogDirInUseError, LogManager, NewLog
 from strom.storage.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
 from strom.storage.unified_log import (
-    CLEAN_SHUTDOWN_FILE,
     EARLIEST_LOCAL_TIMESTAMP,
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     MAX_TIMESTAMP,
-    FetchDataInfo,
     InconsistentTopicIdError,
     LogAppendInfo,
-    TimestampAndOffset,
     UnifiedLog,
 )
 
@@ -48,10 +47,12 @@ __all__ = [
     "InvalidTimestampError",
     "KafkaStorageError",
     "LeaderEpochFileCache",
+    "LocalLog",
     "LogAppendInfo",
     "LogCleaner",
     "LogConfig",
     "LogDirInUseError",
+    "LogLoader",
     "LogManager",
     "LogToClean",
     "NewLog",

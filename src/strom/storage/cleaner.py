@@ -73,9 +73,10 @@ from strom.records.varint import write_varint
 from strom.storage.checkpoint import OffsetCheckpointFile, fsync_dir
 from strom.storage.errors import CorruptRecordError, KafkaStorageError, StorageError
 from strom.storage.index import OffsetIndex, TimeIndex
+from strom.storage.local_log import CLEANED_SUFFIX
 from strom.storage.log_config import LogConfig
 from strom.storage.log_segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, file_name
-from strom.storage.unified_log import CLEANED_SUFFIX, UnifiedLog, wall_clock_ms
+from strom.storage.unified_log import UnifiedLog, wall_clock_ms
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,9 @@ import shutil
 import uuid
 from pathlib import Path
 
+from strom.storage.local_log import parse_topic_partition
 from strom.storage.log_segment import LOG_SUFFIX
-from strom.storage.unified_log import UnifiedLog, parse_topic_partition
+from strom.storage.unified_log import UnifiedLog
 
 log = logging.getLogger(__name__)
 

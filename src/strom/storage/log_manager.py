@@ -34,19 +34,12 @@ from strom.storage.checkpoint import (
 from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner
 from strom.storage.errors import KafkaStorageError, StorageError
 from strom.storage.future_log import FutureLog, resolve_interrupted_moves
+from strom.storage.local_log import DELETE_SUFFIX, STRAY_SUFFIX, parse_topic_partition, renamed_dir_name
 from strom.storage.log_config import LogConfig
 from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
 from strom.storage.log_io import lower_thread_priority
-from strom.storage.unified_log import (
-    CLEAN_SHUTDOWN_FILE,
-    DELETE_SUFFIX,
-    STRAY_SUFFIX,
-    InconsistentTopicIdError,
-    UnifiedLog,
-    parse_topic_partition,
-    renamed_dir_name,
-    wall_clock_ms,
-)
+from strom.storage.log_loader import CLEAN_SHUTDOWN_FILE
+from strom.storage.unified_log import InconsistentTopicIdError, UnifiedLog, wall_clock_ms
 
 log = logging.getLogger(__name__)
 

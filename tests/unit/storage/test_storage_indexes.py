@@ -13,7 +13,7 @@ import pytest
 
 from strom.storage import CLEAN_SHUTDOWN_FILE, LogConfig, UnifiedLog
 from strom.storage.index import CorruptIndexError, OffsetIndex, TimeIndex
-from strom.storage.unified_log import MAX_LOADED_INACTIVE_INDEXES
+from strom.storage.local_log import MAX_LOADED_INACTIVE_INDEXES
 from unit.storage.storage_batches import batch_offsets, make_batch
 
 CONFIG = LogConfig(segment_bytes=2000, index_interval_bytes=200)
