@@ -43,7 +43,7 @@ import benchlib
 from benchlib import REPO, RESULTS, BenchError, fmt, log, percentile
 from strom.records.batch import CompressionType
 from strom.records.codec import RecordSpec, encode_batch
-from strom.storage import CleanerConfig, Log, LogCleaner, LogConfig
+from strom.storage import CleanerConfig, LogCleaner, LogConfig, UnifiedLog
 from strom.storage.cleaner import MAP_ENTRY_OVERHEAD
 
 CLEANER_BEGIN = "<!-- cleaner:begin -->"
@@ -146,7 +146,7 @@ def value_pool(size: int, rng: random.Random) -> list[bytes]:
     return [b" ".join(rng.choices(words, k=size // 3 + 1))[:size] for _ in range(VALUE_POOL)]
 
 
-def build_log(path: Path, scenario: Scenario, batch_records: int) -> tuple[Log, BuiltLog]:
+def build_log(path: Path, scenario: Scenario, batch_records: int) -> tuple[UnifiedLog, BuiltLog]:
     """Appends batches until the log holds `scenario.mib` MiB, then rolls so every segment is closed."""
     started = time.monotonic()
     rng = random.Random(SEED)
@@ -155,7 +155,7 @@ def build_log(path: Path, scenario: Scenario, batch_records: int) -> tuple[Log, 
     keys = [b"key-%0*d" % (width, k) for k in range(scenario.keys)]
     seen = bytearray(scenario.keys)
     codec = CompressionType.NAMES[scenario.codec]
-    log_ = Log.open(path, compacted_config(scenario))
+    log_ = UnifiedLog.open(path, compacted_config(scenario))
     target = int(scenario.mib * MIB)
     records = 0
     randrange = rng.randrange
@@ -252,11 +252,11 @@ class ThroughputResult:
         return self.built.records * self.covered / self.seconds
 
 
-def open_copy(template: Path, copy: Path, scenario: Scenario) -> Log:
+def open_copy(template: Path, copy: Path, scenario: Scenario) -> UnifiedLog:
     """A fresh, fsynced copy of the template log, opened as after a clean shutdown."""
     shutil.copytree(template, copy)
     sync_files(copy)
-    return Log.open(copy, compacted_config(scenario), had_clean_shutdown=True)
+    return UnifiedLog.open(copy, compacted_config(scenario), had_clean_shutdown=True)
 
 
 def run_throughput(
@@ -344,7 +344,7 @@ class LoopRun:
 
 
 async def tick_during_round(
-    big: Log, probe: Log, cleaner: LogCleaner, idle_seconds: float, tick_s: float
+    big: UnifiedLog, probe: UnifiedLog, cleaner: LogCleaner, idle_seconds: float, tick_s: float
 ) -> LoopRun:
     """Ticks every `tick_s` on a fixed schedule: append a one-record batch to `probe` and read it back.
     A tick's latency runs from its scheduled time to the end of its read, so a loop stalled for
@@ -403,7 +403,7 @@ def run_loop_impact(
         runs = []
         for n in range(repeat):
             big = open_copy(tmp / "template-0", tmp / f"big-{n}", scenario)
-            probe = Log.open(tmp / f"probe-{n}", LogConfig())
+            probe = UnifiedLog.open(tmp / f"probe-{n}", LogConfig())
             cleaner = LogCleaner(CleanerConfig(dedupe_buffer_size=dedupe_buffer))
             gc.collect()
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -566,7 +566,7 @@ def render(
             "### Event-loop impact",
             "",
             "On a uvloop event loop, a ticker appends a one-record batch (100 B value) to a second, "
-            f"uncompacted log and reads it back with `Log.read`, every {args.tick_ms:g} ms on a fixed "
+            f"uncompacted log and reads it back with `UnifiedLog.read`, every {args.tick_ms:g} ms on a fixed "
             "schedule. A tick's latency is from its scheduled time to the end of its read (a stall "
             "delays every tick scheduled during it); the slowest append + read is the longest a tick "
             "took from waking up to the end of its read (time the loop thread waits for the GIL inside "

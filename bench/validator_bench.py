@@ -1,4 +1,4 @@
-"""The LogValidator's cost: the record scanner alone, and Log.append_as_leader with it, on 1 MiB batches.
+"""The LogValidator's cost: the record scanner alone, and UnifiedLog.append_as_leader with it, on 1 MiB batches.
 
 Rates are records per CPU-second of this process (time.process_time), so other work on the
 machine moves them less than wall-clock rates; each is the best of --repeat runs. Prints only.
@@ -16,8 +16,8 @@ from pathlib import Path
 from strom.records import scanner
 from strom.records.batch import CompressionType, read_header
 from strom.records.builder import RecordBatchBuilder
-from strom.storage.log import Log
 from strom.storage.log_config import LogConfig
+from strom.storage.unified_log import UnifiedLog
 
 BATCH_BYTES = 1 << 20
 
@@ -48,7 +48,7 @@ def append_rate(size: int, codec: int, seconds: float) -> float:
     batch = batch_of(size, codec)
     count = read_header(batch).records_count
     with tempfile.TemporaryDirectory() as tmp:
-        log = Log.open(Path(tmp) / "bench-0", LogConfig(segment_bytes=1 << 30))
+        log = UnifiedLog.open(Path(tmp) / "bench-0", LogConfig(segment_bytes=1 << 30))
         appends = 0
         started = time.process_time()
         while time.process_time() - started < seconds:

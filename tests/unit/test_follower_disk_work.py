@@ -16,7 +16,7 @@ import pytest
 
 from strom.broker.cluster.metadata import PartitionState
 from strom.broker.partition import Partition, TopicPartition
-from strom.storage import Log, LogConfig
+from strom.storage import LogConfig, UnifiedLog
 from unit.storage.test_storage_follower import leader_batch
 
 TP = TopicPartition("t", 0)
@@ -30,7 +30,7 @@ async def _settle(result: Any) -> Any:
 def test_follower_truncation_and_new_epochs_do_their_file_work_off_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=300))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=300))
     for base in range(0, 20, 4):
         log.append_as_follower(leader_batch(base, 4, 0))
     assert log.num_segments >= 3

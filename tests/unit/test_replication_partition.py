@@ -15,7 +15,7 @@ from strom.broker.partition import Partition, TopicPartition
 from strom.broker.replica_fetcher import truncation_offset
 from strom.broker.replica_manager import FetchRequestPartition, ReplicaManager, ReplicationConfig
 from strom.protocol.errors import ErrorCode
-from strom.storage import Log, LogConfig, LogManager
+from strom.storage import LogConfig, LogManager, UnifiedLog
 from unit.storage.storage_batches import make_batch
 
 TP = TopicPartition("t", 0)
@@ -70,7 +70,7 @@ class Clock:
 
 
 def leader_partition(tmp_path: Path, isr: list[int], min_isr: int = 2) -> Partition:
-    log = Log.open(tmp_path / "t-0", LogConfig(min_insync_replicas=min_isr))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(min_insync_replicas=min_isr))
     partition = Partition(TP, log, -1, [], local_id=1, replicated=True, high_watermark=0)
     log.leader_epoch_cache.assign(0, 0)
     partition.make_leader(PartitionState(0, 1, 0, [1, 2, 3], isr), now_ms=0)
@@ -111,7 +111,7 @@ def test_high_watermark_waits_for_min_insync_replicas(tmp_path: Path) -> None:
 def test_a_new_leaders_high_watermark_lags_its_epoch_start_until_the_isr_fetches(tmp_path: Path) -> None:
     # A follower's HW trails the leader's; elected, it answers ListOffsets "latest" with
     # OFFSET_NOT_AVAILABLE until its HW reaches the start of its epoch (Kafka's lagging-HW state).
-    log = Log.open(tmp_path / "t-0", LogConfig(min_insync_replicas=2))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(min_insync_replicas=2))
     partition = Partition(TP, log, -1, [], local_id=1, replicated=True, high_watermark=0)
     log.leader_epoch_cache.assign(0, 0)
     partition.make_follower(PartitionState(0, 2, 0, [1, 2, 3], [1, 2, 3]))
@@ -178,7 +178,7 @@ def test_diverging_epoch_answer(tmp_path: Path) -> None:
 
 def test_follower_truncation_offsets(tmp_path: Path) -> None:
     """Kafka's getOffsetTruncationState against a follower whose epochs are 0@0, 1@2, 3@4, LEO 6."""
-    log = Log.open(tmp_path / "t-0", LogConfig())
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
     for epoch, start in ((0, 0), (1, 2), (3, 4)):
         log.leader_epoch_cache.assign(epoch, start)
         log.append_as_leader(make_batch(2), epoch)

@@ -20,11 +20,11 @@ from strom.broker.cluster.metadata import PartitionState
 from strom.protocol.errors import ErrorCode
 from strom.storage import (
     FetchDataInfo,
-    Log,
     LogAppendInfo,
     OffsetOutOfRangeError,
     StorageError,
     TimestampAndOffset,
+    UnifiedLog,
 )
 from strom.storage.log_validator import ValidatedRecords
 
@@ -70,7 +70,7 @@ class Partition:
     def __init__(
         self,
         tp: TopicPartition,
-        log: Log,
+        log: UnifiedLog,
         leader_epoch: int,
         isr: list[int],
         *,

@@ -7,7 +7,7 @@ for its latest epoch, truncation to the leader's end offset of that epoch, again
 agree. Then it fetches with the real Fetch API as replica ``node_id`` (``replica_id`` before v15,
 ``replica_state`` from v15), sending its last fetched epoch; a ``diverging_epoch`` answer
 (KIP-320) truncates the log again. Fetched batches are appended with their offsets and leader
-epochs (``Log.append_as_follower``); the follower's HW is the leader's bounded by its own LEO.
+epochs (``UnifiedLog.append_as_follower``); the follower's HW is the leader's bounded by its own LEO.
 
 Errors stay where they happen, as in Kafka's AbstractFetcherThread: one partition's failure to
 truncate or append marks that partition failed (logged once, with its traceback) and the fetcher

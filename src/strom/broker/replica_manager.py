@@ -31,8 +31,8 @@ from strom.broker.partition import NotEnoughReplicasError, Partition, TopicParti
 from strom.broker.replica_fetcher import ReplicaFetcherManager, ReplicationConfig
 from strom.protocol.errors import ErrorCode
 from strom.storage import KafkaStorageError, LogConfig, LogManager, NewLog, StorageError
-from strom.storage.log import wall_clock_ms
 from strom.storage.log_validator import DecompressionBudget, ValidatedRecords, needs_worker
+from strom.storage.unified_log import wall_clock_ms
 
 log = logging.getLogger(__name__)
 

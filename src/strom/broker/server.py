@@ -48,7 +48,7 @@ from strom.broker.handlers import HANDLERS
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager, ReplicationConfig
-from strom.storage import KafkaStorageError, Log, LogConfig, LogManager, StorageError
+from strom.storage import KafkaStorageError, LogConfig, LogManager, StorageError, UnifiedLog
 from strom.storage.checkpoint import TOPIC_CONFIGS, TopicConfigsFile
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,7 @@ class BrokerServer:
         except the logs of topics whose deletion the control plane recorded: a log of an unknown
         topic means the metadata file was lost, and the topic is rebuilt from its logs."""
         deleting = self.local_plane.deleting_topic_ids
-        orphans: dict[str, list[Log]] = defaultdict(list)
+        orphans: dict[str, list[UnifiedLog]] = defaultdict(list)
         for log_ in self.log_manager.all_logs():
             known = topics.get(log_.topic)
             if known is not None:
@@ -325,7 +325,7 @@ class BrokerServer:
         elif self.local_plane.lost:
             self.local_plane.write_now()
 
-    def _rebuild_topic(self, name: str, logs: list[Log]) -> None:
+    def _rebuild_topic(self, name: str, logs: list[UnifiedLog]) -> None:
         """A topic with logs but no entry in the control plane: rebuild it from the logs' names and
         their partition.metadata topic ids. A log that does not fit (an illegal name, another
         topic id) is moved aside, never deleted."""
@@ -402,7 +402,7 @@ class BrokerServer:
         )
 
     @staticmethod
-    def _read_topic_configs(logs: list[Log], topic_id: uuid.UUID) -> tuple[dict[str, str] | None, str]:
+    def _read_topic_configs(logs: list[UnifiedLog], topic_id: uuid.UUID) -> tuple[dict[str, str] | None, str]:
         """The configs every partition directory's copy agrees on, else None and why not."""
         found: list[dict[str, str]] = []
         for log_ in logs:
@@ -419,7 +419,9 @@ class BrokerServer:
             return None, f"the {TOPIC_CONFIGS} copies of its partitions differ"
         return found[0], ""
 
-    def _copy_topic_configs(self, log_: Log, topic: TopicState, *, only_if_stale: bool = False) -> None:
+    def _copy_topic_configs(
+        self, log_: UnifiedLog, topic: TopicState, *, only_if_stale: bool = False
+    ) -> None:
         """Keep the copy of the topic's configs in the log's directory current (blocking). A failed
         write costs only the copy: it is logged, and written again at the next change or start."""
         copy = TopicConfigsFile(log_.dir / TOPIC_CONFIGS)
@@ -478,8 +480,8 @@ class BrokerServer:
         """The logs kept at startup for ``topic`` while its znode could not be read, now that it
         reads well: placed as at startup (a log of another topic id was an earlier topic's: kept
         aside, never served as this one's)."""
-        aside: list[tuple[Log, str]] = []
-        unidentified: list[Log] = []
+        aside: list[tuple[UnifiedLog, str]] = []
+        unidentified: list[UnifiedLog] = []
         for log_ in self.log_manager.all_logs():
             if log_.topic != topic.name:
                 continue
@@ -502,7 +504,7 @@ class BrokerServer:
 
         await asyncio.get_running_loop().run_in_executor(None, place)
 
-    def _move_aside(self, log_: Log, reason: str) -> None:
+    def _move_aside(self, log_: UnifiedLog, reason: str) -> None:
         self.log_manager.unregister_logs([(log_.topic, log_.partition)])
         self.log_manager.move_aside(log_, reason)
 

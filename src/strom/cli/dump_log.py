@@ -26,7 +26,7 @@ from strom.records import batch as rb
 from strom.records.codec import Record, decode_batch
 from strom.records.control import decode_control_key, decode_end_txn_marker
 from strom.storage.index import OffsetIndex, TimeIndex
-from strom.storage.log import CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX
+from strom.storage.local_log import CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX
 from strom.storage.log_segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from strom.storage.producer_state import SNAPSHOT_SUFFIX, read_snapshot
 

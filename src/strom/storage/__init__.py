@@ -15,21 +15,20 @@ from strom.storage.errors import (
     UnknownProducerIdError,
 )
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
-from strom.storage.log import (
-    CLEAN_SHUTDOWN_FILE,
+from strom.storage.local_log import FetchDataInfo, LocalLog, TimestampAndOffset
+from strom.storage.log_config import LogConfig
+from strom.storage.log_loader import CLEAN_SHUTDOWN_FILE, LogLoader
+from strom.storage.log_manager import LogDirInUseError, LogManager, NewLog
+from strom.storage.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
+from strom.storage.unified_log import (
     EARLIEST_LOCAL_TIMESTAMP,
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     MAX_TIMESTAMP,
-    FetchDataInfo,
     InconsistentTopicIdError,
-    Log,
     LogAppendInfo,
-    TimestampAndOffset,
+    UnifiedLog,
 )
-from strom.storage.log_config import LogConfig
-from strom.storage.log_manager import LogDirInUseError, LogManager, NewLog
-from strom.storage.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
 
 __all__ = [
     "CLEAN_SHUTDOWN_FILE",
@@ -48,11 +47,12 @@ __all__ = [
     "InvalidTimestampError",
     "KafkaStorageError",
     "LeaderEpochFileCache",
-    "Log",
+    "LocalLog",
     "LogAppendInfo",
     "LogCleaner",
     "LogConfig",
     "LogDirInUseError",
+    "LogLoader",
     "LogManager",
     "LogToClean",
     "NewLog",
@@ -63,5 +63,6 @@ __all__ = [
     "RecordTooLargeError",
     "StorageError",
     "TimestampAndOffset",
+    "UnifiedLog",
     "UnknownProducerIdError",
 ]

@@ -38,10 +38,10 @@ saw it, whatever timestamp its producer gave it. Unlike Kafka, a log whose earli
 passed is cleanable without new dirty data; the horizons are remembered only while the broker
 runs (after a restart, the next ordinary round drops expired tombstones).
 
-Threads: planning and the segment swap run on the event-loop thread, which owns the Log; reading
+Threads: planning and the segment swap run on the event-loop thread, which owns the UnifiedLog; reading
 segments, building the map and writing the ``.cleaned`` files run on a worker thread through
 their own file descriptors, so appends and fetches go on meanwhile. Only closed segments are
-read. ``Log.replace_segments`` re-checks that a group's segments are still the log's, unchanged,
+read. ``UnifiedLog.replace_segments`` re-checks that a group's segments are still the log's, unchanged,
 and the round is abandoned otherwise (retention, DeleteRecords or a deletion got there first).
 The worker pauses 0.2 ms after every 2 ms of work, so the event loop gets the GIL back at once
 instead of after the interpreter's 5 ms switch interval; the replaced files are unlinked on the
@@ -73,9 +73,10 @@ from strom.records.varint import write_varint
 from strom.storage.checkpoint import OffsetCheckpointFile, fsync_dir
 from strom.storage.errors import CorruptRecordError, KafkaStorageError, StorageError
 from strom.storage.index import OffsetIndex, TimeIndex
-from strom.storage.log import CLEANED_SUFFIX, Log, wall_clock_ms
+from strom.storage.local_log import CLEANED_SUFFIX
 from strom.storage.log_config import LogConfig
 from strom.storage.log_segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, file_name
+from strom.storage.unified_log import UnifiedLog, wall_clock_ms
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class OffsetMap:
 class LogToClean:
     """A compacted log's dirty section and whether it is due for cleaning."""
 
-    log: Log
+    log: UnifiedLog
     first_dirty_offset: int
     first_uncleanable_offset: int
     clean_bytes: int
@@ -204,7 +205,7 @@ class _Round:
     bytes_done: int = 0
 
     @property
-    def log(self) -> Log:
+    def log(self) -> UnifiedLog:
         return self.target.log
 
 
@@ -239,9 +240,9 @@ class LogCleaner:
         self._checkpoints: dict[Path, dict[tuple[str, int], int]] = {}
         self._checkpoint_lock = threading.Lock()
         # Earliest delete horizon of a tombstone each log keeps (known since this process started).
-        self._tombstone_deadlines: weakref.WeakKeyDictionary[Log, int] = weakref.WeakKeyDictionary()
+        self._tombstone_deadlines: weakref.WeakKeyDictionary[UnifiedLog, int] = weakref.WeakKeyDictionary()
         # Logs a round failed on (corrupt data, I/O error): left alone until restart, as in Kafka.
-        self._uncleanable: weakref.WeakSet[Log] = weakref.WeakSet()
+        self._uncleanable: weakref.WeakSet[UnifiedLog] = weakref.WeakSet()
 
     # --- checkpoints ------------------------------------------------------------------
 
@@ -259,12 +260,12 @@ class LogCleaner:
             self._checkpoints[log_dir] = entries
         return entries
 
-    def checkpoint(self, log_: Log) -> int | None:
+    def checkpoint(self, log_: UnifiedLog) -> int | None:
         """The log's first dirty offset from the last round, if any."""
         with self._checkpoint_lock:
             return self._dir_checkpoints(log_.dir.parent).get((log_.topic, log_.partition))
 
-    def _write_checkpoint(self, log_: Log, offset: int | None) -> None:
+    def _write_checkpoint(self, log_: UnifiedLog, offset: int | None) -> None:
         log_dir = log_.dir.parent
         with self._checkpoint_lock:
             entries = self._dir_checkpoints(log_dir)
@@ -276,7 +277,7 @@ class LogCleaner:
                 entries[key] = offset
             OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT).write(entries)
 
-    def forget(self, log_: Log) -> None:
+    def forget(self, log_: UnifiedLog) -> None:
         """A log is being deleted: drop its checkpoint entry so a new log of that name starts dirty."""
         self._uncleanable.discard(log_)
         self._tombstone_deadlines.pop(log_, None)
@@ -284,7 +285,7 @@ class LogCleaner:
 
     # --- choosing logs ----------------------------------------------------------------
 
-    def log_to_clean(self, log_: Log, now_ms: int | None = None) -> LogToClean | None:
+    def log_to_clean(self, log_: UnifiedLog, now_ms: int | None = None) -> LogToClean | None:
         """The log's dirty section, or None if the log is not compacted or has nothing closed."""
         config = log_.config
         if not config.compact or log_.closed or log_ in self._uncleanable:
@@ -337,7 +338,7 @@ class LogCleaner:
 
     # --- drivers ----------------------------------------------------------------------
 
-    def clean_log(self, log_: Log) -> CleanerStats | None:
+    def clean_log(self, log_: UnifiedLog) -> CleanerStats | None:
         """Run a round on ``log_`` in the calling thread if it is due; its stats, or None."""
         rounds = self._round(log_)
         resume: Callable[[Any], Callable[[], Any]] = rounds.send
@@ -353,7 +354,7 @@ class LogCleaner:
             except Exception as e:
                 result, resume = e, rounds.throw
 
-    async def clean_logs(self, logs: Iterable[Log]) -> list[CleanerStats]:
+    async def clean_logs(self, logs: Iterable[UnifiedLog]) -> list[CleanerStats]:
         """One pass over ``logs``: clean every due log, dirtiest first (call on the event loop)."""
         now = self._time_ms()
         due = [c for log_ in logs if (c := self.log_to_clean(log_, now)) is not None and c.due]
@@ -365,7 +366,7 @@ class LogCleaner:
                 cleaned.append(stats)
         return cleaned
 
-    async def _clean_log_async(self, log_: Log) -> CleanerStats | None:
+    async def _clean_log_async(self, log_: UnifiedLog) -> CleanerStats | None:
         loop = asyncio.get_running_loop()
         rounds = self._round(log_)
         resume: Callable[[Any], Callable[[], Any]] = rounds.send
@@ -395,7 +396,7 @@ class LogCleaner:
 
     # --- a round ----------------------------------------------------------------------
 
-    def _round(self, log_: Log) -> Generator[Callable[[], Any], Any, CleanerStats | None]:
+    def _round(self, log_: UnifiedLog) -> Generator[Callable[[], Any], Any, CleanerStats | None]:
         """One round; the code between yields runs on the caller's (event-loop) thread, the
         yielded steps on a worker thread. Returns the round's stats, or None if nothing ran."""
         target = self.log_to_clean(log_)

@@ -25,8 +25,9 @@ import shutil
 import uuid
 from pathlib import Path
 
-from strom.storage.log import Log, parse_topic_partition
+from strom.storage.local_log import parse_topic_partition
 from strom.storage.log_segment import LOG_SUFFIX
+from strom.storage.unified_log import UnifiedLog
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def resolve_interrupted_moves(log_dirs: list[Path]) -> None:
 class FutureLog:
     """The copy of ``source`` being made in ``target_dir``."""
 
-    def __init__(self, source: Log, target_dir: Path) -> None:
+    def __init__(self, source: UnifiedLog, target_dir: Path) -> None:
         self.source = source
         self.target_dir = target_dir
         self.dir = target_dir / f"{source.dir.name}.{uuid.uuid4().hex}{FUTURE_SUFFIX}"

@@ -34,19 +34,12 @@ from strom.storage.checkpoint import (
 from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner
 from strom.storage.errors import KafkaStorageError, StorageError
 from strom.storage.future_log import FutureLog, resolve_interrupted_moves
-from strom.storage.log import (
-    CLEAN_SHUTDOWN_FILE,
-    DELETE_SUFFIX,
-    STRAY_SUFFIX,
-    InconsistentTopicIdError,
-    Log,
-    parse_topic_partition,
-    renamed_dir_name,
-    wall_clock_ms,
-)
+from strom.storage.local_log import DELETE_SUFFIX, STRAY_SUFFIX, parse_topic_partition, renamed_dir_name
 from strom.storage.log_config import LogConfig
 from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
 from strom.storage.log_io import lower_thread_priority
+from strom.storage.log_loader import CLEAN_SHUTDOWN_FILE
+from strom.storage.unified_log import InconsistentTopicIdError, UnifiedLog, wall_clock_ms
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +85,7 @@ class LogManager:
         self.log_dirs = [Path(d) for d in log_dirs]
         self._time_ms = time_ms
         self.producer_id_expiration_ms = producer_id_expiration_ms
-        self._logs: dict[tuple[str, int], Log] = {}
+        self._logs: dict[tuple[str, int], UnifiedLog] = {}
         # Checkpoint files are written from the event loop (DeleteRecords) and worker threads.
         self._checkpoint_lock = threading.Lock()
         # Compaction of logs with cleanup.policy=compact; None until start_cleaner.
@@ -195,7 +188,7 @@ class LogManager:
                     f"duplicate log directories for {topic}-{partition}: {self._logs[key].dir} and {child}"
                 )
             try:
-                log_ = Log.open(
+                log_ = UnifiedLog.open(
                     child,
                     config_for(topic),
                     topic_id=topic_ids.get(topic),
@@ -229,12 +222,12 @@ class LogManager:
             },
         )
 
-    def _register(self, log_: Log) -> None:
+    def _register(self, log_: UnifiedLog) -> None:
         log_.log_start_offset_listener = self._on_log_start_offset_change
         log_.log_dir_failure_channel = self.log_dir_failure_channel
         self._logs[(log_.topic, log_.partition)] = log_
 
-    def _on_log_start_offset_change(self, log_: Log) -> None:
+    def _on_log_start_offset_change(self, log_: UnifiedLog) -> None:
         # DeleteRecords moved the start: persist_log_start_offsets writes it before the answer.
         self._log_start_dirty.add(log_.dir.parent)
 
@@ -251,15 +244,15 @@ class LogManager:
 
     # --- logs -----------------------------------------------------------------------
 
-    def get_log(self, topic: str, partition: int) -> Log | None:
+    def get_log(self, topic: str, partition: int) -> UnifiedLog | None:
         return self._logs.get((topic, partition))
 
-    def all_logs(self) -> list[Log]:
+    def all_logs(self) -> list[UnifiedLog]:
         return list(self._logs.values())
 
     def get_or_create_log(
         self, topic: str, partition: int, config: LogConfig, topic_id: uuid.UUID | None = None
-    ) -> Log:
+    ) -> UnifiedLog:
         existing = self._logs.get((topic, partition))
         if existing is not None:
             return existing
@@ -268,7 +261,9 @@ class LogManager:
             if (offline / f"{topic}-{partition}").exists():
                 raise channel.offline_error(offline)  # never a fresh log in place of one we cannot read
         log_dir = self._next_log_dir()
-        log_ = Log.open(log_dir / f"{topic}-{partition}", config, topic_id=topic_id, time_ms=self._time_ms)
+        log_ = UnifiedLog.open(
+            log_dir / f"{topic}-{partition}", config, topic_id=topic_id, time_ms=self._time_ms
+        )
         self._register(log_)
         log.info("created log", extra={"log": log_.dir.name, "log_dir": str(log_dir)})
         return log_
@@ -292,7 +287,7 @@ class LogManager:
             chosen.append(log_dir)
         return chosen
 
-    def open_new_logs(self, specs: list[NewLog]) -> list[Log]:
+    def open_new_logs(self, specs: list[NewLog]) -> list[UnifiedLog]:
         """Create the logs of new partitions (file work only: call off the event loop, then
         ``register_logs`` on it). If one fails, those created here are deleted again and
         KafkaStorageError is raised.
@@ -316,8 +311,8 @@ class LogManager:
         log.info("created logs", extra={"logs": len(opened)})
         return opened
 
-    def _open_new_log(self, spec: NewLog) -> Log:
-        log_ = Log.open(
+    def _open_new_log(self, spec: NewLog) -> UnifiedLog:
+        log_ = UnifiedLog.open(
             spec.log_dir / f"{spec.topic}-{spec.partition}",
             spec.config,
             topic_id=spec.topic_id,
@@ -330,22 +325,22 @@ class LogManager:
             log_.leader_epoch_cache.assign(spec.leader_epoch, log_.log_end_offset)
         return log_
 
-    def register_logs(self, logs: list[Log]) -> None:
+    def register_logs(self, logs: list[UnifiedLog]) -> None:
         """Make logs created by ``open_new_logs`` part of the broker (on the event loop)."""
         for log_ in logs:
             self._register(log_)
 
-    def unregister_logs(self, keys: list[tuple[str, int]]) -> list[Log]:
+    def unregister_logs(self, keys: list[tuple[str, int]]) -> list[UnifiedLog]:
         """Take logs out of the broker (on the event loop) so that nothing appends to them any more;
         ``delete_logs`` then removes their files off the loop."""
         return [log_ for key in keys if (log_ := self._logs.pop(key, None)) is not None]
 
-    def delete_logs(self, logs: list[Log]) -> None:
+    def delete_logs(self, logs: list[UnifiedLog]) -> None:
         """Remove unregistered logs' directories, then checkpoint their log dirs once (off the loop)."""
         if logs:
             # Unlinking and removing directories wait on the disk: overlap them as for creation.
             with _background_pool(len(logs), "strom-del-log") as pool:
-                for _ in pool.map(Log.delete, logs):
+                for _ in pool.map(UnifiedLog.delete, logs):
                     pass
         if self.cleaner is not None:
             for log_ in logs:
@@ -358,10 +353,10 @@ class LogManager:
     def delete_log(self, topic: str, partition: int) -> None:
         self.delete_logs(self.unregister_logs([(topic, partition)]))
 
-    def replace_log(self, old: Log, new_dir: Path) -> Log:
+    def replace_log(self, old: UnifiedLog, new_dir: Path) -> UnifiedLog:
         """Open the partition's log moved to ``new_dir`` (another log dir) and serve it in place
         of the closed ``old`` (on the event loop, so that nothing appends meanwhile)."""
-        new = Log.open(
+        new = UnifiedLog.open(
             new_dir,
             old.config,
             topic_id=old.topic_id,
@@ -376,12 +371,12 @@ class LogManager:
         log.info("moved log", extra={"log": new.dir.name, "from": str(old.log_dir), "to": str(new.log_dir)})
         return new
 
-    def assign_topic_id(self, log_: Log, topic_id: uuid.UUID) -> None:
+    def assign_topic_id(self, log_: UnifiedLog, topic_id: uuid.UUID) -> None:
         """Record the topic id of a log whose partition.metadata was missing."""
         PartitionMetadataFile(log_.dir / PARTITION_METADATA).write(topic_id)
         log_.topic_id = topic_id
 
-    def move_aside(self, log_: Log, reason: str) -> Path:
+    def move_aside(self, log_: UnifiedLog, reason: str) -> Path:
         """Startup: close an unregistered log and rename its directory ``...-stray``, as Kafka keeps a
         stray log: never deleted, no longer loaded."""
         log_.close()
@@ -495,7 +490,7 @@ class LogManager:
                 # The failure channel takes the dir offline and logs it; the other dirs go on.
                 self.log_dir_failure_channel.maybe_add_offline_log_dir(log_dir, "writing high watermarks", e)
 
-    def online_logs(self) -> list[Log]:
+    def online_logs(self) -> list[UnifiedLog]:
         return [log_ for log_ in self._logs.values() if not log_.offline]
 
     def shutdown(self) -> None:

@@ -15,10 +15,10 @@ from strom.records.codec import RecordBatch, RecordSpec, decode_batches, encode_
 from strom.storage import (
     CleanerConfig,
     InvalidRecordError,
-    Log,
     LogCleaner,
     LogConfig,
     LogManager,
+    UnifiedLog,
 )
 from strom.storage.checkpoint import OffsetCheckpointFile
 from strom.storage.cleaner import CLEANER_OFFSET_CHECKPOINT
@@ -46,13 +46,15 @@ def compacted(**overrides: Any) -> LogConfig:
     return LogConfig(**settings)
 
 
-def put(log: Log, key: bytes | None, value: bytes | None, timestamp: int | None = None, **batch: Any) -> int:
+def put(
+    log: UnifiedLog, key: bytes | None, value: bytes | None, timestamp: int | None = None, **batch: Any
+) -> int:
     """Append one record in its own batch; its offset."""
     info = log.append_as_leader(encode_batch([RecordSpec(key, value, timestamp=timestamp)], **batch), 0)
     return info.first_offset
 
 
-def batches(log: Log) -> list[RecordBatch]:
+def batches(log: UnifiedLog) -> list[RecordBatch]:
     """Every batch from the log start to the end, read the way a consumer does."""
     out: list[RecordBatch] = []
     offset = log.log_start_offset
@@ -65,7 +67,7 @@ def batches(log: Log) -> list[RecordBatch]:
     return out
 
 
-def records(log: Log) -> list[tuple[int, bytes | None, bytes | None]]:
+def records(log: UnifiedLog) -> list[tuple[int, bytes | None, bytes | None]]:
     return [(r.offset, r.key, r.value) for b in batches(log) for r in b.records]
 
 
@@ -76,13 +78,13 @@ def latest_by_key(recs: list[tuple[int, bytes | None, bytes | None]]) -> dict[by
     return latest
 
 
-def fill_updates(log: Log, updates: int, keys: int, clock: Clock | None = None) -> None:
+def fill_updates(log: UnifiedLog, updates: int, keys: int, clock: Clock | None = None) -> None:
     for i in range(updates):
         put(log, b"k%d" % (i % keys), b"v%d" % i, clock.now if clock else None)
 
 
 def test_cleaning_keeps_the_latest_value_of_each_key_at_its_original_offset(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted())
+    log = UnifiedLog.open(tmp_path / "t-0", compacted())
     fill_updates(log, 300, 12)
     before = records(log)
     active_base = log.active_segment.base_offset
@@ -111,12 +113,12 @@ def test_cleaning_keeps_the_latest_value_of_each_key_at_its_original_offset(tmp_
         assert (found[0].offset, found[0].key, found[0].value) == (offset, key, value)
     # The log reopens (clean shutdown) with the same content.
     log.close()
-    reopened = Log.open(tmp_path / "t-0", compacted(), had_clean_shutdown=True)
+    reopened = UnifiedLog.open(tmp_path / "t-0", compacted(), had_clean_shutdown=True)
     assert records(reopened) == after
 
 
 def test_a_second_round_merges_cleaned_segments_and_keeps_offsets(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted())
+    log = UnifiedLog.open(tmp_path / "t-0", compacted())
     cleaner = LogCleaner()
     fill_updates(log, 300, 5)
     assert cleaner.clean_log(log) is not None
@@ -135,7 +137,7 @@ def test_a_second_round_merges_cleaned_segments_and_keeps_offsets(tmp_path: Path
 
 
 def test_a_round_with_nothing_to_remove_rewrites_nothing(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted(segment_bytes=600))  # one segment per group
+    log = UnifiedLog.open(tmp_path / "t-0", compacted(segment_bytes=600))  # one segment per group
     fill_updates(log, 60, 60)  # every key once
     inodes = [os.stat(s.log_path).st_ino for s in log.segments]
     stats = LogCleaner().clean_log(log)
@@ -146,7 +148,7 @@ def test_a_round_with_nothing_to_remove_rewrites_nothing(tmp_path: Path) -> None
 
 
 def test_the_active_segment_is_never_cleaned(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted(segment_bytes=1 << 20))
+    log = UnifiedLog.open(tmp_path / "t-0", compacted(segment_bytes=1 << 20))
     fill_updates(log, 100, 3)
     assert log.num_segments == 1
     before = log.active_segment.log_path.read_bytes()
@@ -159,7 +161,7 @@ def test_the_active_segment_is_never_cleaned(tmp_path: Path) -> None:
 
 
 def test_min_cleanable_dirty_ratio_is_respected(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted())
+    log = UnifiedLog.open(tmp_path / "t-0", compacted())
     cleaner = LogCleaner()
     fill_updates(log, 300, 300)  # distinct keys: cleaning keeps them all
     assert cleaner.clean_log(log) is not None  # ratio 0: clean everything once
@@ -183,7 +185,7 @@ def test_min_cleanable_dirty_ratio_is_respected(tmp_path: Path) -> None:
 
 def test_min_compaction_lag_keeps_young_records_dirty(tmp_path: Path) -> None:
     clock = Clock()
-    log = Log.open(tmp_path / "t-0", compacted(min_compaction_lag_ms=60_000), time_ms=clock)
+    log = UnifiedLog.open(tmp_path / "t-0", compacted(min_compaction_lag_ms=60_000), time_ms=clock)
     cleaner = LogCleaner(time_ms=clock)
     fill_updates(log, 100, 4, clock)  # old enough by the time we clean
     old_end = log.log_end_offset
@@ -205,7 +207,7 @@ def test_min_compaction_lag_keeps_young_records_dirty(tmp_path: Path) -> None:
 
 def test_max_compaction_lag_cleans_a_log_whose_ratio_is_not_met(tmp_path: Path) -> None:
     clock = Clock()
-    log = Log.open(tmp_path / "t-0", compacted(max_compaction_lag_ms=DAY_MS), time_ms=clock)
+    log = UnifiedLog.open(tmp_path / "t-0", compacted(max_compaction_lag_ms=DAY_MS), time_ms=clock)
     cleaner = LogCleaner(time_ms=clock)
     fill_updates(log, 300, 4, clock)
     assert cleaner.clean_log(log) is not None
@@ -226,7 +228,7 @@ def test_tombstones_are_removed_delete_retention_ms_after_the_first_round_that_k
     tmp_path: Path,
 ) -> None:
     clock = Clock()
-    log = Log.open(tmp_path / "t-0", compacted(delete_retention_ms=DAY_MS), time_ms=clock)
+    log = UnifiedLog.open(tmp_path / "t-0", compacted(delete_retention_ms=DAY_MS), time_ms=clock)
     cleaner = LogCleaner(time_ms=clock)
     fill_updates(log, 100, 4, clock)
     # An old timestamp: the horizon counts from the cleaner seeing it, not from the record.
@@ -257,7 +259,7 @@ def test_tombstones_are_removed_delete_retention_ms_after_the_first_round_that_k
 def test_tombstone_in_the_dirty_section_hides_older_values_but_survives_the_first_round(
     tmp_path: Path,
 ) -> None:
-    log = Log.open(tmp_path / "t-0", compacted())
+    log = UnifiedLog.open(tmp_path / "t-0", compacted())
     put(log, b"gone", b"1")
     put(log, b"gone", b"2")
     fill_updates(log, 100, 3)
@@ -270,7 +272,7 @@ def test_tombstone_in_the_dirty_section_hides_older_values_but_survives_the_firs
 
 def test_a_producers_last_batch_survives_as_an_empty_batch_and_restores_its_state(tmp_path: Path) -> None:
     dir = tmp_path / "t-0"
-    log = Log.open(dir, compacted())
+    log = UnifiedLog.open(dir, compacted())
     producer = {"producer_id": 7, "producer_epoch": 3}
     for seq in range(5):
         log.append_as_leader(encode_batch([RecordSpec(b"p", b"%d" % seq)], base_sequence=seq, **producer), 0)
@@ -288,7 +290,7 @@ def test_a_producers_last_batch_survives_as_an_empty_batch_and_restores_its_stat
     # Without snapshots, the state must come from replaying the log, empty batch included.
     for snapshot in dir.glob("*.snapshot"):
         snapshot.unlink()
-    reopened = Log.open(dir, compacted(), had_clean_shutdown=False)
+    reopened = UnifiedLog.open(dir, compacted(), had_clean_shutdown=False)
     entry = reopened.producer_state.last_entry(7)
     assert entry is not None and (entry.producer_epoch, entry.last_seq) == (3, 4)
     # A retry of the last batch is recognised, with its original offset.
@@ -302,7 +304,7 @@ def test_a_producers_last_batch_survives_as_an_empty_batch_and_restores_its_stat
 
 @pytest.mark.parametrize("codec", [rb.CompressionType.GZIP, rb.CompressionType.ZSTD, rb.CompressionType.NONE])
 def test_partly_kept_batches_keep_their_offsets_codec_and_producer_fields(tmp_path: Path, codec: int) -> None:
-    log = Log.open(tmp_path / "t-0", compacted())
+    log = UnifiedLog.open(tmp_path / "t-0", compacted())
     specs = [RecordSpec(b"a", b"1"), RecordSpec(b"b", b"1"), RecordSpec(b"c", b"1"), RecordSpec(b"d", b"1")]
     batch = encode_batch(specs, compression=codec, producer_id=11, producer_epoch=2, base_sequence=0)
     log.append_as_leader(batch, 5)
@@ -321,7 +323,7 @@ def test_partly_kept_batches_keep_their_offsets_codec_and_producer_fields(tmp_pa
 
 
 def test_keyless_records_are_rejected_by_a_compacted_log(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted())
+    log = UnifiedLog.open(tmp_path / "t-0", compacted())
     specs = [RecordSpec(b"k", b"v"), RecordSpec(None, b"v"), RecordSpec(b"k", b"v"), RecordSpec(None, b"v")]
     with pytest.raises(InvalidRecordError) as raised:
         log.append_as_leader(encode_batch(specs), 0)
@@ -336,7 +338,7 @@ def test_keyless_records_are_rejected_by_a_compacted_log(tmp_path: Path) -> None
 
 
 def test_keyless_records_already_in_a_log_are_dropped_by_cleaning(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=1500))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=1500))
     put(log, None, b"no key")
     fill_updates(log, 100, 3)
     log.update_config(compacted())  # cleanup.policy changed to compact
@@ -346,7 +348,7 @@ def test_keyless_records_already_in_a_log_are_dropped_by_cleaning(tmp_path: Path
 
 
 def test_the_cleaner_checkpoint_file_records_the_cleaned_end(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted())
+    log = UnifiedLog.open(tmp_path / "t-0", compacted())
     fill_updates(log, 200, 5)
     stats = LogCleaner().clean_log(log)
     assert stats is not None
@@ -358,7 +360,7 @@ def test_the_cleaner_checkpoint_file_records_the_cleaned_end(tmp_path: Path) -> 
 
 
 def test_a_small_dedupe_buffer_cleans_in_several_rounds(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted())
+    log = UnifiedLog.open(tmp_path / "t-0", compacted())
     for i in range(400):
         put(log, b"key-%03d" % (i % 100), b"v%d" % i)
     log.roll()
@@ -373,7 +375,7 @@ def test_a_small_dedupe_buffer_cleans_in_several_rounds(tmp_path: Path) -> None:
 
 
 def test_offsets_by_timestamp_skip_emptied_batches(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted())
+    log = UnifiedLog.open(tmp_path / "t-0", compacted())
     for i in range(100):
         put(log, b"k%d" % (i % 3), b"v%d" % i, T0 + i)
     log.roll()
@@ -388,7 +390,7 @@ def test_offsets_by_timestamp_skip_emptied_batches(tmp_path: Path) -> None:
 
 
 def test_retention_deleting_segments_during_a_round_aborts_it(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted(cleanup_policy=("compact", "delete")))
+    log = UnifiedLog.open(tmp_path / "t-0", compacted(cleanup_policy=("compact", "delete")))
     fill_updates(log, 300, 6)
     before = records(log)
     cleaner = LogCleaner()
@@ -411,7 +413,7 @@ def test_retention_deleting_segments_during_a_round_aborts_it(tmp_path: Path) ->
 
 
 def test_appends_and_reads_go_on_while_a_round_runs_in_a_worker_thread(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted(segment_bytes=8000))
+    log = UnifiedLog.open(tmp_path / "t-0", compacted(segment_bytes=8000))
     fill_updates(log, 1500, 50)
     final: dict[bytes | None, bytes | None] = {k: v for _, k, v in records(log)}
 
@@ -436,7 +438,7 @@ def test_appends_and_reads_go_on_while_a_round_runs_in_a_worker_thread(tmp_path:
 
 
 def test_stopping_the_broker_mid_round_leaves_no_temporary_files(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", compacted(segment_bytes=8000))
+    log = UnifiedLog.open(tmp_path / "t-0", compacted(segment_bytes=8000))
     fill_updates(log, 3000, 50)
     final = {k: v for _, k, v in records(log)}
     # Throttled to ~1 s for the log's ~220 kB (read and written), so the cancel lands mid-round.
@@ -527,10 +529,10 @@ def crash_after() -> Iterator[Callable[[int], None]]:
         os.replace, os.unlink = real_replace, real_unlink  # type: ignore[assignment]
 
 
-def build_time_rolled_log(dir: Path) -> Log:
+def build_time_rolled_log(dir: Path) -> UnifiedLog:
     """Small segments (rolled by time) that all fit one cleaning group."""
     clock = Clock()
-    log = Log.open(dir, compacted(segment_bytes=1 << 20, segment_ms=1000), time_ms=clock)
+    log = UnifiedLog.open(dir, compacted(segment_bytes=1 << 20, segment_ms=1000), time_ms=clock)
     for i in range(120):
         if i % 20 == 0:
             clock.now += 2000
@@ -560,8 +562,8 @@ def test_a_crash_at_any_step_of_the_swap_recovers_the_old_or_the_new_segments(
             crash_after(-1)  # disarmed while the crashed round is still referenced from here
             finished = False
         crash_after(-1)
-        # kill -9: the Log object is abandoned as it is; start over from the files.
-        recovered = Log.open(dir, log.config, had_clean_shutdown=False)
+        # kill -9: the UnifiedLog object is abandoned as it is; start over from the files.
+        recovered = UnifiedLog.open(dir, log.config, had_clean_shutdown=False)
         got = records(recovered)
         assert got in (old, new), f"crash at step {step}"
         outcomes.add("new" if got == new else "old")

@@ -16,9 +16,9 @@ from strom.storage.errors import (
     InvalidTimestampError,
     RecordTooLargeError,
 )
-from strom.storage.log import Log
 from strom.storage.log_config import LogConfig
 from strom.storage.log_validator import WORKER_THRESHOLD_BYTES, DecompressionBudget, analyze, needs_worker
+from strom.storage.unified_log import UnifiedLog
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000
@@ -28,7 +28,9 @@ def specs(count: int, key: bytes | None = b"k", timestamp: int = NOW) -> list[Re
     return [RecordSpec(key, b"value-%d" % i, timestamp=timestamp + i) for i in range(count)]
 
 
-def with_records(payload: bytes, count: int, *, codec: int = 0, max_timestamp: int = NOW, attributes: int = 0) -> bytes:
+def with_records(
+    payload: bytes, count: int, *, codec: int = 0, max_timestamp: int = NOW, attributes: int = 0
+) -> bytes:
     return bytes(
         scanner.assemble_batch(
             payload,
@@ -51,7 +53,9 @@ def payload_of(batch: bytes) -> bytes:
 
 
 def test_a_well_formed_record_set_passes_with_its_records_max_timestamps() -> None:
-    records = encode_batch(specs(3)) + encode_batch(specs(2, timestamp=NOW + 50), compression=CompressionType.GZIP)
+    records = encode_batch(specs(3)) + encode_batch(
+        specs(2, timestamp=NOW + 50), compression=CompressionType.GZIP
+    )
     validated = analyze(records, LogConfig(), NOW, "t-0")
     assert [h.records_count for h in validated.headers] == [3, 2]
     assert validated.max_timestamps == [NOW + 2, NOW + 51]
@@ -90,7 +94,11 @@ def test_decompression_is_bounded_by_record_count_and_max_message_bytes() -> Non
 
 def test_record_timestamps_are_checked_one_by_one() -> None:
     # The header's timestamps are in range; the second record is two hours ahead.
-    payload = payload_of(encode_batch([RecordSpec(b"k", b"a", timestamp=NOW), RecordSpec(b"k", b"b", timestamp=NOW + 2 * HOUR)]))
+    payload = payload_of(
+        encode_batch(
+            [RecordSpec(b"k", b"a", timestamp=NOW), RecordSpec(b"k", b"b", timestamp=NOW + 2 * HOUR)]
+        )
+    )
     batch = with_records(payload, 2)
     with pytest.raises(InvalidTimestampError) as caught:
         analyze(batch, LogConfig(), NOW, "t-0")
@@ -134,7 +142,7 @@ def test_needs_worker() -> None:
 
 
 def test_the_log_stores_the_records_largest_timestamp_as_max_timestamp(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(), time_ms=lambda: NOW)
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(), time_ms=lambda: NOW)
     batch = bytearray(encode_batch(specs(3)))
     struct.pack_into(">q", batch, 35, NOW - 7)  # a producer's maxTimestamp that lies
     scanner.write_crc(batch)

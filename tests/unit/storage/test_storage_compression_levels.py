@@ -8,7 +8,7 @@ import pytest
 
 from strom.records.batch import HEADER_SIZE, CompressionType, read_header
 from strom.records.compression import compress, decompress
-from strom.storage import Log, LogConfig
+from strom.storage import LogConfig, UnifiedLog
 from unit.storage.storage_batches import make_batch
 
 CASES = [
@@ -27,7 +27,7 @@ def test_recompression_uses_the_topic_level(
     tmp_path: Path, codec_name: str, field: str, level: int, other: int
 ) -> None:
     config = LogConfig(compression_type=codec_name, **{field: level})
-    log = Log.open(tmp_path / "t-0", config)
+    log = UnifiedLog.open(tmp_path / "t-0", config)
     log.append_as_leader(make_batch(count=50, value_size=300), 0)
     stored = log.read(0, 1 << 20).records
     header = read_header(stored)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from strom.storage import KafkaStorageError, Log, LogConfig, LogDirInUseError, LogManager
+from strom.storage import KafkaStorageError, LogConfig, LogDirInUseError, LogManager, UnifiedLog
 from strom.storage.checkpoint import LeaderEpochCheckpointFile, OffsetCheckpointFile, PartitionMetadataFile
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
 from unit.storage.storage_batches import make_batch
@@ -57,7 +57,7 @@ def test_garbage_partition_metadata_is_a_storage_error(tmp_path: Path) -> None:
 def test_a_damaged_or_missing_leader_epoch_checkpoint_is_rebuilt_from_the_batches(
     tmp_path: Path, content: bytes | None
 ) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_ms=1))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_ms=1))
     for epoch in (0, 0, 2, 2, 5):
         log.append_as_leader(make_batch(count=2), epoch)
     assert log.leader_epoch_cache.entries == [(0, 0), (2, 4), (5, 8)]
@@ -67,7 +67,7 @@ def test_a_damaged_or_missing_leader_epoch_checkpoint_is_rebuilt_from_the_batche
         path.unlink()
     else:
         path.write_bytes(content)
-    reopened = Log.open(tmp_path / "t-0", LogConfig(segment_ms=1))
+    reopened = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_ms=1))
     assert reopened.leader_epoch_cache.entries == [(0, 0), (2, 4), (5, 8)]
     assert LeaderEpochCheckpointFile(path).read() == [(0, 0), (2, 4), (5, 8)]
     reopened.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strom.storage import Log, LogConfig
+from strom.storage import LogConfig, UnifiedLog
 from strom.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochCheckpointFile
 from unit.storage.test_storage_follower import leader_batch
 
@@ -13,7 +13,7 @@ from unit.storage.test_storage_follower import leader_batch
 def test_a_truncated_epoch_cache_survives_a_crash_after_an_append(tmp_path: Path) -> None:
     # The follower holds a deposed leader's epoch-3 suffix at 10..19 that the new leader (still in
     # epoch 1 there) never had: truncation removes it, the leader's epoch-1 records 10..29 follow.
-    log = Log.open(tmp_path / "t-0", LogConfig())
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
     log.append_as_follower(leader_batch(0, 10, 1))
     log.append_as_follower(leader_batch(10, 10, 3))
     assert log.leader_epoch_cache.entries == [(1, 0), (3, 10)]
@@ -22,7 +22,7 @@ def test_a_truncated_epoch_cache_survives_a_crash_after_an_append(tmp_path: Path
     # Killed here: no close, no checkpoint job; the log dir was not shut down cleanly.
     checkpoint = LeaderEpochCheckpointFile(log.dir / LEADER_EPOCH_CHECKPOINT)
     assert checkpoint.read() == [(1, 0)]
-    reopened = Log.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=False)
+    reopened = UnifiedLog.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=False)
     assert reopened.log_end_offset == 30
     assert reopened.leader_epoch_cache.entries == [(1, 0)]
     # OffsetForLeaderEpoch: epoch 1 runs to the log end, epoch 3 is unknown here. A stale
@@ -35,13 +35,13 @@ def test_a_truncated_epoch_cache_survives_a_crash_after_an_append(tmp_path: Path
 
 
 def test_a_full_truncation_is_written_before_the_next_append(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig())
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
     log.append_as_follower(leader_batch(0, 5, 2))
     log.truncate_fully_and_start_at(100)
     # Batches without a leader epoch (as a pre-KIP-101 leader stored them) record none.
     log.append_as_follower(leader_batch(100, 5, -1))
     assert LeaderEpochCheckpointFile(log.dir / LEADER_EPOCH_CHECKPOINT).read() == []
-    reopened = Log.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=False)
+    reopened = UnifiedLog.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=False)
     assert reopened.leader_epoch_cache.entries == []
     assert reopened.end_offset_for_epoch(2) == (-1, -1)
     reopened.close()

@@ -4,7 +4,7 @@ import threading
 from pathlib import Path
 
 from strom.records.batch import CompressionType, read_header
-from strom.storage import LeaderEpochFileCache, Log, LogConfig, TimestampAndOffset
+from strom.storage import LeaderEpochFileCache, LogConfig, TimestampAndOffset, UnifiedLog
 from unit.storage.storage_batches import batch_offsets, make_batch
 
 
@@ -38,7 +38,7 @@ def test_leader_epoch_cache_assign_and_end_offsets(tmp_path: Path) -> None:
 
 def test_log_records_epochs_and_survives_reopen(tmp_path: Path) -> None:
     dir = tmp_path / "t-0"
-    log = Log.open(dir, LogConfig())
+    log = UnifiedLog.open(dir, LogConfig())
     log.append_as_leader(make_batch(count=3), 0)
     log.append_as_leader(make_batch(count=2), 2)
     log.append_as_leader(make_batch(count=2), 2)
@@ -46,14 +46,14 @@ def test_log_records_epochs_and_survives_reopen(tmp_path: Path) -> None:
     assert log.end_offset_for_epoch(0) == (0, 3)
     assert log.end_offset_for_epoch(2) == (2, 7)
     log.close()
-    reopened = Log.open(dir, LogConfig())
+    reopened = UnifiedLog.open(dir, LogConfig())
     assert reopened.leader_epoch_cache.entries == [(0, 0), (2, 3)]
     assert reopened.leader_epoch_cache.latest_epoch == 2
 
 
 def test_epochs_beyond_a_recovered_tail_are_dropped(tmp_path: Path) -> None:
     dir = tmp_path / "t-0"
-    log = Log.open(dir, LogConfig())
+    log = UnifiedLog.open(dir, LogConfig())
     log.append_as_leader(make_batch(count=2), 1)
     log.append_as_leader(make_batch(count=2), 2)
     log.close()
@@ -61,13 +61,13 @@ def test_epochs_beyond_a_recovered_tail_are_dropped(tmp_path: Path) -> None:
     size = segment.stat().st_size
     with open(segment, "r+b") as f:
         f.truncate(size - 5)
-    reopened = Log.open(dir, LogConfig())
+    reopened = UnifiedLog.open(dir, LogConfig())
     assert reopened.log_end_offset == 2
     assert reopened.leader_epoch_cache.entries == [(1, 0)]
 
 
 def test_fetch_offset_by_timestamp(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=500, index_interval_bytes=100))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=500, index_interval_bytes=100))
     base = 1_700_000_000_000
     for i in range(20):
         # Within a batch, timestamps are not ordered: the max is the middle record.
@@ -91,19 +91,21 @@ def test_fetch_offset_by_timestamp(tmp_path: Path) -> None:
 
 def test_fetch_offset_by_timestamp_after_reopen(tmp_path: Path) -> None:
     dir = tmp_path / "t-0"
-    log = Log.open(dir, LogConfig(segment_bytes=500, index_interval_bytes=100))
+    log = UnifiedLog.open(dir, LogConfig(segment_bytes=500, index_interval_bytes=100))
     base = 1_700_000_000_000
     for i in range(20):
         log.append_as_leader(make_batch(count=2, timestamps=[base + i * 10, base + i * 10 + 1]), 1)
     log.close()
-    reopened = Log.open(dir, LogConfig(segment_bytes=500, index_interval_bytes=100), had_clean_shutdown=True)
+    reopened = UnifiedLog.open(
+        dir, LogConfig(segment_bytes=500, index_interval_bytes=100), had_clean_shutdown=True
+    )
     assert reopened.fetch_offset_by_timestamp(base + 101) == TimestampAndOffset(base + 101, 21, 1)
     assert reopened.fetch_offset_by_timestamp(-3) == TimestampAndOffset(base + 191, 39, 1)
 
 
 def test_log_append_time_timestamp_lookup(tmp_path: Path) -> None:
     now = [0]
-    log = Log.open(
+    log = UnifiedLog.open(
         tmp_path / "t-0", LogConfig(message_timestamp_type="LogAppendTime"), time_ms=lambda: now[0]
     )
     for t in (6000, 7000, 8000):
@@ -115,7 +117,7 @@ def test_log_append_time_timestamp_lookup(tmp_path: Path) -> None:
 
 
 def test_flush_from_another_thread_while_appending(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=20_000))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=20_000))
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -145,7 +147,7 @@ def test_flush_from_another_thread_while_appending(tmp_path: Path) -> None:
 
 
 def test_flush_policy(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(flush_messages=5))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(flush_messages=5))
     log.append_as_leader(make_batch(count=3), 0)
     assert not log.flush_messages_due
     log.append_as_leader(make_batch(count=3), 0)
@@ -154,7 +156,7 @@ def test_flush_policy(tmp_path: Path) -> None:
     log.flush()
     assert log.recovery_point == 6 and not log.flush_messages_due
     now = [0]
-    timed = Log.open(tmp_path / "t-1", LogConfig(flush_ms=1000), time_ms=lambda: now[0])
+    timed = UnifiedLog.open(tmp_path / "t-1", LogConfig(flush_ms=1000), time_ms=lambda: now[0])
     timed.append_as_leader(make_batch(timestamps=[0]), 0)
     assert not timed.flush_due(500)
     assert timed.flush_due(1000)
@@ -163,7 +165,7 @@ def test_flush_policy(tmp_path: Path) -> None:
 
 
 def test_recompression_to_topic_codec(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(compression_type="gzip"))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(compression_type="gzip"))
     info = log.append_as_leader(make_batch(count=4, value_size=200), 0)
     assert (info.first_offset, info.last_offset) == (0, 3)
     data = log.read(0, 1 << 20).records

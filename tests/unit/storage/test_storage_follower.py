@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from strom.records import batch as rb
-from strom.storage import CorruptRecordError, Log, LogConfig, LogManager, OffsetOutOfRangeError
+from strom.storage import CorruptRecordError, LogConfig, LogManager, OffsetOutOfRangeError, UnifiedLog
 from strom.storage.checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from unit.storage.storage_batches import make_batch
 
@@ -21,8 +21,8 @@ def leader_batch(base_offset: int, count: int, epoch: int, **kwargs: object) -> 
     return bytes(batch)
 
 
-def open_log(tmp_path: Path, **config: object) -> Log:
-    return Log.open(tmp_path / "t-0", LogConfig(**config))  # type: ignore[arg-type]
+def open_log(tmp_path: Path, **config: object) -> UnifiedLog:
+    return UnifiedLog.open(tmp_path / "t-0", LogConfig(**config))  # type: ignore[arg-type]
 
 
 def test_append_as_follower_keeps_offsets_epochs_and_producer_state(tmp_path: Path) -> None:

@@ -11,22 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from strom.storage import CLEAN_SHUTDOWN_FILE, Log, LogConfig
+from strom.storage import CLEAN_SHUTDOWN_FILE, LogConfig, UnifiedLog
 from strom.storage.index import CorruptIndexError, OffsetIndex, TimeIndex
-from strom.storage.log import MAX_LOADED_INACTIVE_INDEXES
+from strom.storage.local_log import MAX_LOADED_INACTIVE_INDEXES
 from unit.storage.storage_batches import batch_offsets, make_batch
 
 CONFIG = LogConfig(segment_bytes=2000, index_interval_bytes=200)
 
 
-def fill(log: Log, batches: int) -> None:
+def fill(log: UnifiedLog, batches: int) -> None:
     for _ in range(batches):
         log.append_as_leader(make_batch(count=2, value_size=40), 0)
 
 
 def closed_cleanly(tmp_path: Path, batches: int = 40) -> tuple[Path, int]:
     dir = tmp_path / "t-0"
-    log = Log.open(dir, CONFIG)
+    log = UnifiedLog.open(dir, CONFIG)
     fill(log, batches)
     end = log.log_end_offset
     log.close()
@@ -34,7 +34,7 @@ def closed_cleanly(tmp_path: Path, batches: int = 40) -> tuple[Path, int]:
     return dir, end
 
 
-def read_all(log: Log) -> list[tuple[int, int]]:
+def read_all(log: UnifiedLog) -> list[tuple[int, int]]:
     offset, seen = log.log_start_offset, []
     while offset < log.log_end_offset:
         batches = batch_offsets(log.read(offset, 1 << 20).records)
@@ -114,7 +114,7 @@ def test_damaged_offset_index_after_clean_shutdown_is_rebuilt(
     assert callable(damage)
     victim.write_bytes(damage(victim.stat().st_size))
     with caplog.at_level(logging.WARNING, logger="strom.storage"):
-        reopened = Log.open(dir, CONFIG)
+        reopened = UnifiedLog.open(dir, CONFIG)
         assert reopened.log_end_offset == end
         assert read_all(reopened) == [(i * 2, i * 2 + 1) for i in range(end // 2)]
     rebuilt = [r for r in caplog.records if "rebuilding its indexes" in r.getMessage()]
@@ -129,7 +129,7 @@ def test_garbage_time_index_after_clean_shutdown_is_rebuilt(tmp_path: Path) -> N
     dir, end = closed_cleanly(tmp_path)
     victim = sorted(dir.glob("*.timeindex"))[0]
     victim.write_bytes(random.Random(3).randbytes(36))
-    reopened = Log.open(dir, CONFIG)
+    reopened = UnifiedLog.open(dir, CONFIG)
     assert reopened.log_end_offset == end
     assert reopened.segments[0].time_index.entries > 0
     assert reopened.fetch_offset_by_timestamp(0) is not None
@@ -140,7 +140,7 @@ def test_zeroed_index_is_rebuilt(tmp_path: Path) -> None:
     dir, end = closed_cleanly(tmp_path)
     victim = sorted(dir.glob("*.index"))[0]
     victim.write_bytes(bytes(victim.stat().st_size))
-    reopened = Log.open(dir, CONFIG)
+    reopened = UnifiedLog.open(dir, CONFIG)
     assert read_all(reopened)[-1] == (end - 2, end - 1)
     reopened.close()
 
@@ -154,7 +154,7 @@ def test_sanity_check_rejects_a_torn_index(tmp_path: Path) -> None:
 
 def test_inactive_segments_hold_only_their_log_descriptor(tmp_path: Path) -> None:
     dir, end = closed_cleanly(tmp_path, batches=120)
-    reopened = Log.open(dir, CONFIG)
+    reopened = UnifiedLog.open(dir, CONFIG)
     segments = reopened.num_segments
     assert segments >= 10
     fds = open_fds_under(dir)
@@ -174,7 +174,7 @@ def test_inactive_segments_hold_only_their_log_descriptor(tmp_path: Path) -> Non
 
 
 def test_rolled_segment_index_is_trimmed_and_synced(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", CONFIG)
+    log = UnifiedLog.open(tmp_path / "t-0", CONFIG)
     fill(log, 30)
     log.flush()
     for segment in log.segments[:-1]:
@@ -200,7 +200,7 @@ def test_index_damaged_between_its_ends_is_rebuilt_at_first_use(
     damage_a_middle_entry(indexes[1])
     damage_a_middle_entry(indexes[3])
     with caplog.at_level(logging.WARNING, logger="strom.storage"):
-        reopened = Log.open(dir, CONFIG)
+        reopened = UnifiedLog.open(dir, CONFIG)
         assert not [r for r in caplog.records if "rebuilding" in r.getMessage()]  # startup: O(1) checks
         assert read_all(reopened) == [(i * 2, i * 2 + 1) for i in range(end // 2)]
         rebuilt = [r.getMessage() for r in caplog.records if "rebuilding its indexes" in r.getMessage()]
@@ -210,7 +210,7 @@ def test_index_damaged_between_its_ends_is_rebuilt_at_first_use(
         # A follower truncation as the first use of a damaged index: rebuilt, then truncated.
         reopened.close()
     damage_a_middle_entry(indexes[3])
-    reopened = Log.open(dir, CONFIG)
+    reopened = UnifiedLog.open(dir, CONFIG)
     base = int(indexes[3].name[:20])
     assert reopened.truncate_to(base + 3)
     assert reopened.log_end_offset == base + 2
@@ -220,7 +220,7 @@ def test_index_damaged_between_its_ends_is_rebuilt_at_first_use(
 
 def test_reads_keep_few_inactive_indexes_in_memory(tmp_path: Path) -> None:
     dir, end = closed_cleanly(tmp_path, batches=400)
-    reopened = Log.open(dir, CONFIG)
+    reopened = UnifiedLog.open(dir, CONFIG)
     assert reopened.num_segments > 3 * MAX_LOADED_INACTIVE_INDEXES
     assert read_all(reopened)[-1] == (end - 2, end - 1)
     loaded = [s for s in reopened.segments[:-1] if s._offset_index.loaded]

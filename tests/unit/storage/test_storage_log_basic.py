@@ -8,17 +8,17 @@ from strom.storage import (
     CorruptRecordError,
     InvalidRecordError,
     InvalidTimestampError,
-    Log,
     LogConfig,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    UnifiedLog,
 )
 from strom.storage.log_config import LONG_MAX
 from unit.storage.storage_batches import batch_offsets, make_batch
 
 
-def open_log(tmp_path: Path, **config: object) -> Log:
-    return Log.open(tmp_path / "topic-0", LogConfig(**config))  # type: ignore[arg-type]
+def open_log(tmp_path: Path, **config: object) -> UnifiedLog:
+    return UnifiedLog.open(tmp_path / "topic-0", LogConfig(**config))  # type: ignore[arg-type]
 
 
 def test_append_assigns_dense_offsets_and_read_round_trips(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_timestamp_bounds_can_be_disabled(tmp_path: Path) -> None:
 
 
 def test_log_append_time_stamping(tmp_path: Path) -> None:
-    log = Log.open(
+    log = UnifiedLog.open(
         tmp_path / "t-0", LogConfig(message_timestamp_type="LogAppendTime"), time_ms=lambda: 1234567
     )
     info = log.append_as_leader(make_batch(count=2, timestamps=[10, 20]), 0)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from strom.storage import CLEAN_SHUTDOWN_FILE, KafkaStorageError, Log, LogConfig, LogManager
+from strom.storage import CLEAN_SHUTDOWN_FILE, KafkaStorageError, LogConfig, LogManager, UnifiedLog
 from strom.storage import checkpoint as checkpoint_module
 from strom.storage import index as index_module
 from strom.storage import log_segment as log_segment_module
@@ -32,7 +32,7 @@ def offline_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "is offline after an I/O error" in r.getMessage()]
 
 
-def read_all(log: Log) -> list[tuple[int, int]]:
+def read_all(log: UnifiedLog) -> list[tuple[int, int]]:
     offset, seen = 0, []
     while offset < log.log_end_offset:
         batches = batch_offsets(log.read(offset, 1 << 20).records)
@@ -44,7 +44,7 @@ def read_all(log: Log) -> list[tuple[int, int]]:
 def test_append_failure_takes_the_dir_offline_and_a_restart_recovers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    log = Log.open(tmp_path / "t-0", CONFIG)
+    log = UnifiedLog.open(tmp_path / "t-0", CONFIG)
     for _ in range(20):
         log.append_as_leader(make_batch(count=2, value_size=40), 0)
     end = log.log_end_offset
@@ -65,7 +65,7 @@ def test_append_failure_takes_the_dir_offline_and_a_restart_recovers(
     assert not log.flush_due(0)
     log.close()
     assert log.closed
-    recovered = Log.open(tmp_path / "t-0", CONFIG)
+    recovered = UnifiedLog.open(tmp_path / "t-0", CONFIG)
     assert read_all(recovered) == [(i * 2, i * 2 + 1) for i in range(end // 2)]
     recovered.close()
 
@@ -73,7 +73,7 @@ def test_append_failure_takes_the_dir_offline_and_a_restart_recovers(
 def test_index_write_failure_is_a_storage_error_not_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = Log.open(tmp_path / "t-0", CONFIG)
+    log = UnifiedLog.open(tmp_path / "t-0", CONFIG)
     log.append_as_leader(make_batch(count=2, value_size=40), 0)
     index = log.active_segment.offset_index
     entries = index.entries
@@ -87,7 +87,7 @@ def test_index_write_failure_is_a_storage_error_not_a_crash(
 
 
 def test_roll_failure_takes_the_dir_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    log = Log.open(tmp_path / "t-0", CONFIG)
+    log = UnifiedLog.open(tmp_path / "t-0", CONFIG)
     log.append_as_leader(make_batch(count=2, value_size=40), 0)
     with monkeypatch.context() as patch:
         # Producer snapshot, new segment files: whatever the roll opens first fails.
@@ -154,7 +154,7 @@ def test_an_append_that_meets_its_deleted_log_leaves_the_dir_online(
 ) -> None:
     # A follower's append runs on the log's I/O executor; the topic's deletion closes the files
     # meanwhile (found by the cluster wire fuzz: EBADF took a broker's only log dir offline).
-    log = Log.open(tmp_path / "t-0", CONFIG)
+    log = UnifiedLog.open(tmp_path / "t-0", CONFIG)
     log.append_as_leader(make_batch(count=2), 0)
     analyzed = log.analyze_follower_records(make_batch(count=2, base_offset=log.log_end_offset))
     assert analyzed is not None

@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from strom.storage import Log, LogConfig
+from strom.storage import LogConfig, UnifiedLog
 from strom.storage.log_io import SerialExecutor
 from unit.storage.test_storage_follower import leader_batch
 
@@ -42,7 +42,7 @@ def test_the_serial_executor_runs_calls_in_order_one_at_a_time_off_the_caller() 
 
 
 def test_retention_and_the_cleaners_swap_skip_a_log_whose_executor_is_busy(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=200, retention_ms=0))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=200, retention_ms=0))
     for base in range(0, 12, 2):
         log.append_as_follower(leader_batch(base, 2, 0))
     assert log.num_segments > 2

@@ -77,7 +77,7 @@ def test_a_failed_rename_for_deletion_is_no_failed_disk(
 
 
 def test_renamed_names_fit_a_file_name() -> None:
-    from strom.storage.log import renamed_dir_name
+    from strom.storage.local_log import renamed_dir_name
 
     for name in [f"{LONG_TOPIC}-0", f"{LONG_TOPIC}-2147483647", "a-0", "not a partition dir"]:
         for suffix in ["-delete", "-stray"]:

@@ -7,9 +7,9 @@ import pytest
 
 from strom.storage import (
     InvalidProducerEpochError,
-    Log,
     LogConfig,
     OutOfOrderSequenceError,
+    UnifiedLog,
 )
 from unit.storage.storage_batches import batch_offsets, make_batch
 
@@ -21,7 +21,7 @@ def idem(seq: int, count: int = 2, epoch: int = 0, pid: int = PID) -> bytes:
 
 
 def test_duplicate_of_recent_batch_returns_original_offsets(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig())
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
     infos = [log.append_as_leader(idem(seq), 0) for seq in range(0, 12, 2)]
     end = log.log_end_offset
     # A retry of any of the last five batches is answered with its original offsets.
@@ -39,7 +39,7 @@ def test_duplicate_of_recent_batch_returns_original_offsets(tmp_path: Path) -> N
 
 
 def test_sequence_gap_and_fencing(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig())
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
     log.append_as_leader(idem(0), 0)
     with pytest.raises(OutOfOrderSequenceError) as gap:
         log.append_as_leader(idem(5), 0)
@@ -59,7 +59,7 @@ def test_sequence_gap_and_fencing(tmp_path: Path) -> None:
 
 
 def test_sequences_within_one_append(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig())
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
     info = log.append_as_leader(idem(0) + idem(2) + idem(4), 0)
     assert (info.first_offset, info.last_offset, info.record_count) == (0, 5, 6)
     with pytest.raises(OutOfOrderSequenceError):
@@ -69,12 +69,12 @@ def test_sequences_within_one_append(tmp_path: Path) -> None:
 
 def test_state_survives_reopen_from_snapshot(tmp_path: Path) -> None:
     dir = tmp_path / "t-0"
-    log = Log.open(dir, LogConfig())
+    log = UnifiedLog.open(dir, LogConfig())
     for seq in range(0, 6, 2):
         log.append_as_leader(idem(seq), 0)
     log.close()
     assert (dir / "00000000000000000006.snapshot").exists()
-    reopened = Log.open(dir, LogConfig(), had_clean_shutdown=True)
+    reopened = UnifiedLog.open(dir, LogConfig(), had_clean_shutdown=True)
     entry = reopened.producer_state.last_entry(PID)
     assert entry is not None and entry.last_seq == 5
     # The last batch is still recognised as a duplicate; the next sequence is accepted.
@@ -86,14 +86,14 @@ def test_state_survives_reopen_from_snapshot(tmp_path: Path) -> None:
 
 def test_state_rebuilt_from_log_without_snapshot(tmp_path: Path) -> None:
     dir = tmp_path / "t-0"
-    log = Log.open(dir, LogConfig(segment_bytes=400))
+    log = UnifiedLog.open(dir, LogConfig(segment_bytes=400))
     for seq in range(0, 20, 2):
         log.append_as_leader(idem(seq), 0)
     assert log.num_segments > 2
     log.close()
     for snapshot in dir.glob("*.snapshot"):
         snapshot.unlink()
-    reopened = Log.open(dir, LogConfig(segment_bytes=400))
+    reopened = UnifiedLog.open(dir, LogConfig(segment_bytes=400))
     entry = reopened.producer_state.last_entry(PID)
     assert entry is not None and entry.last_seq == 19
     # All five retained batches were rebuilt, not just the last one.
@@ -103,14 +103,14 @@ def test_state_rebuilt_from_log_without_snapshot(tmp_path: Path) -> None:
 
 def test_replay_after_latest_snapshot_following_crash(tmp_path: Path) -> None:
     dir = tmp_path / "t-0"
-    log = Log.open(dir, LogConfig(segment_bytes=400))
+    log = UnifiedLog.open(dir, LogConfig(segment_bytes=400))
     for seq in range(0, 20, 2):
         log.append_as_leader(idem(seq), 0)
     snapshots = sorted(dir.glob("*.snapshot"))
     assert snapshots  # written at each roll
     for segment in log.segments:
         os.close(segment._fd)
-    reopened = Log.open(dir, LogConfig(segment_bytes=400))
+    reopened = UnifiedLog.open(dir, LogConfig(segment_bytes=400))
     entry = reopened.producer_state.last_entry(PID)
     assert entry is not None and entry.last_seq == 19
     assert reopened.append_as_leader(idem(18), 0).duplicate
@@ -118,21 +118,21 @@ def test_replay_after_latest_snapshot_following_crash(tmp_path: Path) -> None:
 
 def test_corrupt_snapshot_is_ignored(tmp_path: Path) -> None:
     dir = tmp_path / "t-0"
-    log = Log.open(dir, LogConfig())
+    log = UnifiedLog.open(dir, LogConfig())
     log.append_as_leader(idem(0), 0)
     log.close()
     snapshot = dir / "00000000000000000002.snapshot"
     data = bytearray(snapshot.read_bytes())
     data[-1] ^= 0xFF
     snapshot.write_bytes(bytes(data))
-    reopened = Log.open(dir, LogConfig())
+    reopened = UnifiedLog.open(dir, LogConfig())
     assert not snapshot.exists()
     entry = reopened.producer_state.last_entry(PID)
     assert entry is not None and entry.last_seq == 1
 
 
 def test_producer_expiration(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig())
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
     log.append_as_leader(make_batch(producer_id=PID, producer_epoch=0, base_sequence=0, timestamps=[1000]), 0)
     assert log.producer_state.remove_expired_producers(now_ms=2000, expiration_ms=5000) == 0
     assert log.producer_state.remove_expired_producers(now_ms=7000, expiration_ms=5000) == 1

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from strom.storage import Log, LogConfig, LogManager, OffsetOutOfRangeError
+from strom.storage import LogConfig, LogManager, OffsetOutOfRangeError, UnifiedLog
 from unit.storage.storage_batches import batch_offsets, make_batch
 
 
@@ -18,7 +18,7 @@ class Clock:
 
 
 def test_roll_by_size(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=1000))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=1000))
     batch = make_batch(value_size=200)
     for _ in range(12):
         log.append_as_leader(batch, 0)
@@ -34,7 +34,7 @@ def test_roll_by_size(tmp_path: Path) -> None:
 
 def test_roll_by_time(tmp_path: Path) -> None:
     clock = Clock(1_000_000)
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_ms=1000), time_ms=clock)
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_ms=1000), time_ms=clock)
     log.append_as_leader(make_batch(timestamps=[clock.now]), 0)
     log.append_as_leader(make_batch(timestamps=[clock.now + 500]), 0)
     assert log.num_segments == 1
@@ -46,7 +46,7 @@ def test_roll_by_time(tmp_path: Path) -> None:
 
 def test_roll_when_index_is_full(tmp_path: Path) -> None:
     # Room for 3 offset-index entries; an entry is added for nearly every batch.
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_index_bytes=24, index_interval_bytes=1))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_index_bytes=24, index_interval_bytes=1))
     for _ in range(10):
         log.append_as_leader(make_batch(), 0)
     assert log.num_segments > 1
@@ -55,7 +55,7 @@ def test_roll_when_index_is_full(tmp_path: Path) -> None:
 
 
 def test_delete_records_moves_log_start_and_deletes_segments(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
     for _ in range(20):
         log.append_as_leader(make_batch(count=2, value_size=100), 0)
     segments_before = log.num_segments
@@ -80,7 +80,7 @@ def test_delete_records_moves_log_start_and_deletes_segments(tmp_path: Path) -> 
 def test_time_retention(tmp_path: Path) -> None:
     clock = Clock(10_000_000)
     config = LogConfig(segment_bytes=600, retention_ms=5000)
-    log = Log.open(tmp_path / "t-0", config, time_ms=clock)
+    log = UnifiedLog.open(tmp_path / "t-0", config, time_ms=clock)
     for i in range(10):
         log.append_as_leader(make_batch(count=2, value_size=100, timestamps=[clock.now - 10_000 + i]), 0)
     for _ in range(4):
@@ -98,7 +98,7 @@ def test_time_retention(tmp_path: Path) -> None:
 
 
 def test_size_retention(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=600, retention_bytes=1500))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=600, retention_bytes=1500))
     for _ in range(20):
         log.append_as_leader(make_batch(count=2, value_size=100), 0)
     log.delete_retention_segments()
@@ -126,7 +126,7 @@ def test_retention_and_log_start_survive_restart(tmp_path: Path) -> None:
 
 
 def test_truncate_to(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
     for epoch in range(10):
         log.append_as_leader(make_batch(count=2, value_size=100), epoch)
     assert log.truncate_to(9)  # mid-batch: the whole batch holding 9 goes
@@ -138,7 +138,9 @@ def test_truncate_to(tmp_path: Path) -> None:
 
 def test_deleted_segments_are_renamed_at_once_and_unlinked_after_file_delete_delay_ms(tmp_path: Path) -> None:
     clock = Clock(time.time_ns() // 1_000_000)  # the batches carry the real time
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=600, file_delete_delay_ms=60_000), time_ms=clock)
+    log = UnifiedLog.open(
+        tmp_path / "t-0", LogConfig(segment_bytes=600, file_delete_delay_ms=60_000), time_ms=clock
+    )
     for _ in range(20):
         log.append_as_leader(make_batch(count=2, value_size=100), 0)
     first_base = log.segments[0].base_offset
@@ -157,13 +159,13 @@ def test_deleted_segments_are_renamed_at_once_and_unlinked_after_file_delete_del
 
 
 def test_startup_removes_renamed_files_a_crash_left_behind(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
     for _ in range(20):
         log.append_as_leader(make_batch(count=2, value_size=100), 0)
     log.delete_records(log.segments[2].base_offset)
     assert list(log.dir.glob("*.deleted"))
     log.close()
-    reopened = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
+    reopened = UnifiedLog.open(tmp_path / "t-0", LogConfig(segment_bytes=600))
     assert not list(reopened.dir.glob("*.deleted"))
     assert reopened.log_start_offset == log.log_start_offset
     reopened.close()

@@ -4,7 +4,7 @@ A broker that becomes leader of a ``__consumer_offsets`` partition replays the w
 (about 7 µs a record in Python; 200,000 records would hold the event loop for over a second).
 ``CoordinatorLoader`` reads the partition on the event loop in slices of ``LOAD_SLICE_BYTES`` (a
 read costs what a consumer's fetch does, and the log's segments belong to the loop's thread, see
-storage.log) and decodes and replays each slice on a worker thread of its own, which pauses
+storage.local_log) and decodes and replays each slice on a worker thread of its own, which pauses
 briefly every couple of milliseconds so the loop takes the GIL back at once. The caller's
 ``is_current`` (the coordinator still expects this load: same partition, same leader epoch) is
 checked on the loop before every slice and before the result is handed back; a stale load stops
