@@ -95,7 +95,7 @@ class FakeZooKeeperServer:
                 raise BadVersionError()
             return True
         if isinstance(op, Create):
-            return self._create(nodes, op.path, op.data, op.ephemeral, False, session, changed)
+            return self._create(nodes, op.path, op.data, op.ephemeral, op.sequence, session, changed)
         if isinstance(op, SetData):
             node = nodes.get(op.path)
             if node is None:
@@ -196,7 +196,9 @@ class FakeZooKeeperServer:
     def single(self, op: Op, session: int, sequence: bool = False) -> Any:
         changed: set[tuple[str, str]] = set()
         if isinstance(op, Create):
-            result: Any = self._create(self.nodes, op.path, op.data, op.ephemeral, sequence, session, changed)
+            result: Any = self._create(
+                self.nodes, op.path, op.data, op.ephemeral, sequence or op.sequence, session, changed
+            )
         else:
             result = self._apply(self.nodes, op, session, changed)
             if isinstance(op, SetData):
@@ -265,6 +267,7 @@ class FakeZooKeeper:
         self._watchers: list[_Watcher] = []
         self._expired = False
         self.writes = 0  # writes attempted so far (a multi counts once)
+        self.reads = 0  # znodes read by get_many and get_children_many
         self._faults: dict[int, bool] = {}  # write number -> applied before the ConnectionLoss
 
     # -- faults --------------------------------------------------------------------------------
@@ -321,6 +324,20 @@ class FakeZooKeeper:
             return await self.get(path)
         except NoNodeError:
             return None
+
+    async def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """One round trip for all of ``paths`` (AsyncZooKeeper pipelines them)."""
+        await self._round_trip()
+        self.reads += len(paths)
+        return [
+            (self.server.nodes[p].data, self.server.stat(p)) if p in self.server.nodes else None
+            for p in paths
+        ]
+
+    async def get_children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
+        await self._round_trip()
+        self.reads += len(paths)
+        return [sorted(self.server.nodes[p].children) if p in self.server.nodes else None for p in paths]
 
     async def get_children(self, path: str) -> list[str]:
         await self._round_trip()
