@@ -58,7 +58,8 @@ CONTROLLER_MAIN = textwrap.dedent(
         await Controller(zk, int(sys.argv[2]), config).start()
         await asyncio.Event().wait()
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from strom.cli.logs import configure
+    configure("INFO")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     asyncio.run(main())
     """

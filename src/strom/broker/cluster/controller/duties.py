@@ -341,9 +341,13 @@ class Controller:
         ):
             self._take_topic(topic, got)
         # Brokers may have come and gone while there was no controller: bring every partition in
-        # line with today's membership, and create the states a previous controller left missing.
+        # line with today's membership, and create the states a previous controller left missing
+        # (the reconciliation read which exist).
+        states = await self._reconcile(self._all_partitions(), "controller failover", set(self._live))
+        for (topic, partition), state in states.items():
+            if state is not None:
+                self._with_state.setdefault(topic, set()).add(partition)
         await self._create_missing_states(list(self._topics))
-        await self._reconcile(self._all_partitions(), "controller failover", set(self._live))
         self._duty_watches += [
             await self._zk.watch_children(
                 znodes.BROKER_IDS, lambda _: self._events.put("broker-change", self._on_brokers_changed)
@@ -438,7 +442,9 @@ class Controller:
     def _all_partitions(self) -> list[tuple[str, int]]:
         return [(topic, p) for topic, znode in self._topics.items() for p in znode.partitions]
 
-    async def _reconcile(self, partitions: list[tuple[str, int]], why: str, live: set[int]) -> None:
+    async def _reconcile(
+        self, partitions: list[tuple[str, int]], why: str, live: set[int]
+    ) -> dict[tuple[str, int], znodes.LeaderAndIsr | None]:
         unclean = await self._unclean_allowed(sorted({t for t, _ in partitions if t in self._topics}))
         decisions: dict[tuple[str, int], Decide] = {}
         for topic, partition in partitions:
@@ -452,7 +458,7 @@ class Controller:
                     unclean=unclean[topic],
                     controller_epoch=self._epoch,
                 )
-        await self._fenced().update_states(decisions, why)
+        return await self._fenced().update_states(decisions, why)
 
     async def _unclean_allowed(self, topics: list[str]) -> dict[str, bool]:
         """unclean.leader.election.enable of each topic (its /config/topics override), else the broker's."""
@@ -546,48 +552,51 @@ class Controller:
         requests = await self._zk.get_many([znodes.delete_topic_path(topic) for topic in candidates])
         missing: dict[str, list[tuple[int, list[int]]]] = {}
         for topic, request in zip(candidates, requests, strict=True):
-            if request is None:  # else being deleted: no new partitions for it
-                known = self._with_state.setdefault(topic, set())
-                missing[topic] = [
-                    (p, r) for p, r in sorted(self._topics[topic].partitions.items()) if p not in known
-                ]
-        # The states a previous controller (or an earlier try) created are known, not created again.
-        keys = [(topic, p) for topic, partitions in missing.items() for p, _ in partitions]
+            known = self._with_state.setdefault(topic, set())
+            partitions = [(p, r) for p, r in sorted(self._topics[topic].partitions.items()) if p not in known]
+            if request is None and partitions:  # else being deleted: no new partitions for it
+                missing[topic] = partitions
+        # Which partitions have their znode already, and of those which have a state (a previous
+        # controller, or an earlier try, created it): each level read in one pipeline.
+        topics = list(missing)
+        children = await self._zk.get_children_many([znodes.partitions_path(t) for t in topics])
+        parents = {
+            t: {int(c) for c in names if c.isdigit()} if names is not None else None
+            for t, names in zip(topics, children, strict=True)
+        }
+        keys = [(t, p) for t in topics for p, _ in missing[t] if p in (parents[t] or ())]
         states = await self._zk.get_many([znodes.partition_state_path(t, p) for t, p in keys])
         self._stats.read += len(keys)
         existing = {key for key, got in zip(keys, states, strict=True) if got is not None}
-        for topic, partitions in missing.items():
+        for topic in topics:
             known = self._with_state[topic]
-            known.update(p for p, _ in partitions if (topic, p) in existing)
+            known.update(p for p, _ in missing[topic] if (topic, p) in existing)
             # A new topic's partitions come online together, in one fenced multi-op per chunk (as
             # Kafka's controller creates them in one batch): a client never sees some led and others
-            # not. A chunk that meets a state created meanwhile makes the topic look again.
-            todo = [(p, r) for p, r in partitions if (topic, p) not in existing]
+            # not. A chunk that meets a znode created meanwhile makes the topic look again.
+            todo = [(p, r) for p, r in missing[topic] if (topic, p) not in existing]
             # Per partition: its znode, its state znode and its entry in the notification.
             size = 3 * len(znodes.partition_state_path(topic, 0)) + 160
             for chunk in chunked(todo, partial(_constant, size)):
-                created = await self._create_states(topic, chunk, live)
+                created = await self._create_states(topic, chunk, live, parents[topic])
                 if created is None:
                     await self._create_missing_states([topic])
                     break
                 known.update(created)
+                parents[topic] = (parents[topic] or set()) | set(created)
 
-    async def _state_creation_ops(
-        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int]
+    def _state_creation_ops(
+        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int], parents: set[int] | None
     ) -> tuple[list[Create | SetData | Delete], list[tuple[int, znodes.LeaderAndIsr]]]:
-        """The parents too, in the same fenced multi-op: creating them with makepath could bring back
-        a topic deleted meanwhile (as an empty znode)."""
+        """``parents``: the partitions whose znode exists (None: not even the topic's partitions
+        znode). The parents are created in the same fenced multi-op: creating them with makepath
+        could bring back a topic deleted meanwhile (as an empty znode)."""
         ops: list[Create | SetData | Delete] = []
         states = []
-        if await self._zk.exists(znodes.partitions_path(topic)) is None:
+        if parents is None:
             ops.append(Create(znodes.partitions_path(topic)))
-            parents_exist: set[int] = set()
-        else:
-            parents_exist = {
-                int(c) for c in await self._zk.get_children(znodes.partitions_path(topic)) if c.isdigit()
-            }
         for partition, replicas in partitions:
-            if partition not in parents_exist:
+            if partition not in (parents or ()):
                 ops.append(Create(znodes.partition_path(topic, partition)))
             state = initial_leader_and_isr(replicas, live, self._epoch)
             ops.append(Create(znodes.partition_state_path(topic, partition), state.encode()))
@@ -596,11 +605,11 @@ class Controller:
         return ops, states
 
     async def _create_states(
-        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int]
+        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int], parents: set[int] | None
     ) -> list[int] | None:
         """Create the state znodes of ``partitions`` in one multi-op; the partitions created ([] if the
-        topic is gone), or None when one of them exists already (the caller goes one by one)."""
-        ops, states = await self._state_creation_ops(topic, partitions, live)
+        topic is gone), or None when one of them exists already (the caller looks again)."""
+        ops, states = self._state_creation_ops(topic, partitions, live, parents)
         try:
             await self._fenced().write(ops)
         except MultiOpFailed as e:
