@@ -11,6 +11,8 @@ when the call runs (several changes may arrive as one call).
 Faults: ``session.fail_write(n, applied=...)`` makes the session's n-th write from now (create,
 set, delete or multi) raise ConnectionLoss -- before it is applied, or after (the answer is lost
 but the write happened, as when a connection drops between the request and its reply).
+``session.before_write(n, action)`` runs ``action`` just before that write reaches the tree, as
+another client's write that lands between this session's read and its write would.
 """
 
 from __future__ import annotations
@@ -269,6 +271,7 @@ class FakeZooKeeper:
         self.writes = 0  # writes attempted so far (a multi counts once)
         self.reads = 0  # znodes read by get_many and get_children_many
         self._faults: dict[int, bool] = {}  # write number -> applied before the ConnectionLoss
+        self._interleaved: dict[int, Callable[[], None]] = {}  # write number -> another's write
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -276,9 +279,16 @@ class FakeZooKeeper:
         """The ``nth_from_now``-th next write (0: the very next) raises ConnectionLoss."""
         self._faults[self.writes + nth_from_now] = applied
 
+    def before_write(self, nth_from_now: int, action: Callable[[], None]) -> None:
+        """Run ``action`` just before the ``nth_from_now``-th next write (0: the very next) applies."""
+        self._interleaved[self.writes + nth_from_now] = action
+
     def _write(self, apply: Callable[[], Any]) -> Any:
         number = self.writes
         self.writes += 1
+        interleaved = self._interleaved.pop(number, None)
+        if interleaved is not None:
+            interleaved()
         applied = self._faults.pop(number, None)
         if applied is None:
             return apply()
