@@ -683,15 +683,9 @@ class Controller:
         levels = [[path]]
         while levels[-1]:
             children = await self._zk.get_children_many(levels[-1])
-            levels[-1] = [p for p, names in zip(levels[-1], children, strict=True) if names is not None]
-            levels.append(
-                [
-                    f"{p}/{name}"
-                    for p, names in zip(levels[-1], children, strict=True)
-                    if names
-                    for name in names
-                ]
-            )
+            found = [(p, names) for p, names in zip(levels[-1], children, strict=True) if names is not None]
+            levels[-1] = [p for p, _ in found]
+            levels.append([f"{p}/{name}" for p, names in found for name in names])
         return [p for level in reversed(levels) for p in level]
 
     # -- controlled shutdown ---------------------------------------------------------------------
