@@ -702,10 +702,9 @@ class Controller:
         got = await self._zk.get_or_none(path)
         if got is None:
             return
-        try:
-            request = ControlledShutdownReport.decode(got[0])
-        except (ValueError, KeyError):
-            request = ControlledShutdownReport(broker, "")
+        request = _shutdown_request(broker, got[0])
+        if request.controller_epoch == self._epoch:
+            return  # answered already (a duplicate event): a broker that wants another look asks anew
         if broker not in self._live:
             return  # not registered: nothing leads there, and its request goes with its session
         self._shutting_down.add(broker)
@@ -738,18 +737,24 @@ class Controller:
                 and any(b in live for b in state.isr if b != broker)
             ):
                 isr_remaining += 1
+        log.info(
+            "controlled shutdown",
+            extra={"broker": broker, "leaders_remaining": leaders_remaining, "isr_remaining": isr_remaining},
+        )
+        # The answer goes to the request there now: one the broker made anew while this pass ran
+        # (its wait ran out first) gets it too, or the broker would ask again for ever whenever a
+        # pass takes longer than its wait.
+        got = await self._zk.get_or_none(path)
+        if got is None:
+            return  # withdrawn
         report = replace(
-            request,
+            _shutdown_request(broker, got[0]),
             controller_epoch=self._epoch,
             leaders_remaining=leaders_remaining,
             isr_remaining=isr_remaining,
             done=leaders_remaining == 0 and isr_remaining == 0,
         )
-        log.info(
-            "controlled shutdown",
-            extra={"broker": broker, "leaders_remaining": leaders_remaining, "isr_remaining": isr_remaining},
-        )
-        with contextlib.suppress(MultiOpFailed):  # the request was withdrawn or made anew meanwhile
+        with contextlib.suppress(MultiOpFailed):  # withdrawn or made anew meanwhile: its own event
             await self._fenced().write([SetData(path, report.encode(), got[1].version)])
 
     # -- partition reassignment (KIP-455 in the topic znode) -------------------------------------
@@ -1059,6 +1064,13 @@ class Controller:
                     extra={"broker": broker, "imbalanced": len(imbalanced), "preferred": len(partitions)},
                 )
                 await self._elect_preferred(imbalanced, "auto leader rebalance")
+
+
+def _shutdown_request(broker: int, data: bytes) -> ControlledShutdownReport:
+    try:
+        return ControlledShutdownReport.decode(data)
+    except (ValueError, KeyError):
+        return ControlledShutdownReport(broker, "")
 
 
 def _with(replicas: dict[int, list[int]], partition: int, brokers: list[int]) -> dict[int, list[int]]:
