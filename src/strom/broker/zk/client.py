@@ -19,7 +19,23 @@ from functools import partial
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError, RolledBackError
+from kazoo.exceptions import (
+    EXCEPTIONS,
+    MarshallingError,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+    UnimplementedError,
+)
+from kazoo.protocol.serialization import (
+    GetChildren,
+    GetData,
+    MultiHeader,
+    int_struct,
+    read_buffer,
+    read_string,
+    stat_struct,
+)
 from kazoo.protocol.states import ZnodeStat
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
@@ -89,6 +105,56 @@ class MultiOpFailed(Exception):
         self.index = index
         self.op = op
         self.cause = cause
+
+
+# Paths read in one multiRead request: a reply of 500 partition states is about 100 KB, well below
+# the 1 MiB ZooKeeper allows a packet (jute.maxbuffer).
+READS_PER_REQUEST = 500
+
+
+class _MultiRead:
+    """ZooKeeper's multiRead request (opcode 22, ZooKeeper 3.6+; kazoo has none): many getData or
+    getChildren in one request, each answered on its own -- its result, or its error -- where a
+    multi-op of writes fails as a whole. Sent through kazoo's connection like its own requests."""
+
+    type = 22
+
+    def __init__(self, op_type: int, paths: list[str]) -> None:
+        self.op_type = op_type
+        self.paths = paths
+
+    def serialize(self) -> bytearray:
+        b = bytearray()
+        for path in self.paths:
+            op = GetData(path, None) if self.op_type == GetData.type else GetChildren(path, None)
+            b.extend(MultiHeader(self.op_type, False, -1).serialize() + op.serialize())
+        b.extend(MultiHeader(-1, True, -1).serialize())
+        return b
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> list[Any]:
+        results: list[Any] = []
+        header, offset = MultiHeader.deserialize(data, offset)
+        while not header.done:
+            if header.type == GetData.type:
+                value, offset = read_buffer(data, offset)
+                results.append((value, ZnodeStat._make(stat_struct.unpack_from(data, offset))))
+                offset += stat_struct.size
+            elif header.type == GetChildren.type:
+                count = int_struct.unpack_from(data, offset)[0]
+                offset += int_struct.size
+                children = []
+                for _ in range(max(count, 0)):
+                    child, offset = read_string(data, offset)
+                    children.append(child)
+                results.append(children)
+            elif header.type == -1:
+                results.append(EXCEPTIONS[int_struct.unpack_from(data, offset)[0]]())
+                offset += int_struct.size
+            else:
+                raise MarshallingError()
+            header, offset = MultiHeader.deserialize(data, offset)
+        return results
 
 
 def split_connect_string(connect: str) -> tuple[str, str]:
@@ -216,11 +282,11 @@ class AsyncZooKeeper:
             return None
 
     async def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
-        """Every one of ``paths`` read in one pipeline (all requests sent before any answer is awaited,
-        one hand-over to the loop for all the answers); None where a znode does not exist."""
-        answers = await self._all([self._client.get_async(path) for path in paths])
+        """Every one of ``paths`` read in a few requests (ZooKeeper's multiRead, up to
+        ``READS_PER_REQUEST`` paths each, all sent before any answer is awaited); None where a znode
+        does not exist."""
         results: list[tuple[bytes, ZnodeStat] | None] = []
-        for answer in answers:
+        for answer in await self._read_many(GetData.type, paths):
             if isinstance(answer, NoNodeError):
                 results.append(None)
             elif isinstance(answer, Exception):
@@ -230,10 +296,10 @@ class AsyncZooKeeper:
         return results
 
     async def get_children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
-        """The children of every one of ``paths``, pipelined as ``get_many``; None where there is no such znode."""
-        answers = await self._all([self._client.get_children_async(path) for path in paths])
+        """The children of every one of ``paths``, read as ``get_many`` reads; None where there is no
+        such znode."""
         results: list[list[str] | None] = []
-        for answer in answers:
+        for answer in await self._read_many(GetChildren.type, paths):
             if isinstance(answer, NoNodeError):
                 results.append(None)
             elif isinstance(answer, Exception):
@@ -241,6 +307,27 @@ class AsyncZooKeeper:
             else:
                 results.append(list(answer))
         return results
+
+    async def _read_many(self, op_type: int, paths: Sequence[str]) -> list[Any]:
+        """The answer (or error) of each read of ``paths``, in order. A server without multiRead
+        (before ZooKeeper 3.6) is asked path by path, pipelined."""
+        chunks = [list(paths[i : i + READS_PER_REQUEST]) for i in range(0, len(paths), READS_PER_REQUEST)]
+        answers: list[Any] = []
+        for chunk, answer in zip(
+            chunks, await self._all([self._multi_read(op_type, c) for c in chunks]), strict=True
+        ):
+            if isinstance(answer, (UnimplementedError, MarshallingError)):
+                read = self._client.get_async if op_type == GetData.type else self._client.get_children_async
+                answer = await self._all([read(path) for path in chunk])
+            elif isinstance(answer, Exception):
+                raise answer
+            answers += answer
+        return answers
+
+    def _multi_read(self, op_type: int, paths: list[str]) -> Any:
+        async_result = self._client.handler.async_result()
+        self._client._call(_MultiRead(op_type, [self._client.chroot + p for p in paths]), async_result)
+        return async_result
 
     def _all(self, async_results: list[Any]) -> asyncio.Future[list[Any]]:
         """The values (or exceptions) of ``async_results``, once all are in: kazoo's threads collect
