@@ -5,8 +5,8 @@ of a broker) and three brokers played by ZooKeeper sessions that hold /brokers/i
 also plays the partition leaders where a duty waits for one). With ``--partitions`` N, RF 3:
 
 - create: a topic znode of N partitions written -> every partition state created (ctime of the last);
-- failover: the active controller SIGKILLed; from its /controller znode's deletion (session expiry)
-  to the new controller's duties running (a 1-partition topic created at that moment gets its state);
+- failover: the active controller SIGKILLed; from the next one's election (at the session expiry)
+  to its duties running (a topic created without an id meanwhile gets one from its topic watch);
 - failure: broker 3's session closed (as at its expiry) -> every partition under a live leader
   (mtime of the last state written);
 - controlled shutdown: broker 1 asks (``request_controlled_shutdown``) -> the answer "done";
@@ -252,17 +252,17 @@ class Bench:
         return results
 
     def _kill_controller(self, broker_id: int) -> float:
-        """SIGKILL the active controller and create a 1-partition topic that only the next controller
-        can give a state: from the next controller's election (its /controller ctime, at the dead
-        one's session expiry) to that state's ctime, the new controller loaded and ran its duties."""
+        """SIGKILL the active controller and create a topic without an id, which only the next
+        controller can give one, and only from its topic watch -- armed once it has loaded the
+        cluster and brought every partition in line: from its election (its /controller ctime, at
+        the dead one's session expiry) to that write (the topic znode's mtime), it failed over."""
         self.controllers.pop(broker_id).kill()
-        self.zk.create(znodes.topic_path("canary"), znodes.TopicZNode(None, {0: [1, 2, 3]}).encode())
-        state = znodes.partition_state_path("canary", 0)
-        self.wait("new controller", lambda: self.zk.exists(state) is not None)
+        path = znodes.topic_path("canary")
+        self.zk.create(path, znodes.TopicZNode(None, {0: [1, 2, 3]}).encode())
+        self.wait("new controller", lambda: self.zk.get(path)[1].version > 0)
         elected = self.zk.exists(znodes.CONTROLLER)
-        created = self.zk.exists(state)
-        assert elected is not None and created is not None
-        return (created.ctime - elected.ctime) / 1000
+        assert elected is not None
+        return (self.zk.get(path)[1].mtime - elected.ctime) / 1000
 
     async def _controlled_shutdown(self, broker_id: int) -> float:
         from strom.broker.cluster.controller import request_controlled_shutdown
