@@ -11,6 +11,8 @@ when the call runs (several changes may arrive as one call).
 Faults: ``session.fail_write(n, applied=...)`` makes the session's n-th write from now (create,
 set, delete or multi) raise ConnectionLoss -- before it is applied, or after (the answer is lost
 but the write happened, as when a connection drops between the request and its reply).
+``session.before_write(n, action)`` runs ``action`` just before that write reaches the tree, as
+another client's write that lands between this session's read and its write would.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class FakeZooKeeperServer:
                 raise BadVersionError()
             return True
         if isinstance(op, Create):
-            return self._create(nodes, op.path, op.data, op.ephemeral, False, session, changed)
+            return self._create(nodes, op.path, op.data, op.ephemeral, op.sequence, session, changed)
         if isinstance(op, SetData):
             node = nodes.get(op.path)
             if node is None:
@@ -196,7 +198,9 @@ class FakeZooKeeperServer:
     def single(self, op: Op, session: int, sequence: bool = False) -> Any:
         changed: set[tuple[str, str]] = set()
         if isinstance(op, Create):
-            result: Any = self._create(self.nodes, op.path, op.data, op.ephemeral, sequence, session, changed)
+            result: Any = self._create(
+                self.nodes, op.path, op.data, op.ephemeral, sequence or op.sequence, session, changed
+            )
         else:
             result = self._apply(self.nodes, op, session, changed)
             if isinstance(op, SetData):
@@ -265,7 +269,9 @@ class FakeZooKeeper:
         self._watchers: list[_Watcher] = []
         self._expired = False
         self.writes = 0  # writes attempted so far (a multi counts once)
+        self.reads = 0  # znodes read by get_many and get_children_many
         self._faults: dict[int, bool] = {}  # write number -> applied before the ConnectionLoss
+        self._interleaved: dict[int, Callable[[], None]] = {}  # write number -> another's write
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -273,9 +279,16 @@ class FakeZooKeeper:
         """The ``nth_from_now``-th next write (0: the very next) raises ConnectionLoss."""
         self._faults[self.writes + nth_from_now] = applied
 
+    def before_write(self, nth_from_now: int, action: Callable[[], None]) -> None:
+        """Run ``action`` just before the ``nth_from_now``-th next write (0: the very next) applies."""
+        self._interleaved[self.writes + nth_from_now] = action
+
     def _write(self, apply: Callable[[], Any]) -> Any:
         number = self.writes
         self.writes += 1
+        interleaved = self._interleaved.pop(number, None)
+        if interleaved is not None:
+            interleaved()
         applied = self._faults.pop(number, None)
         if applied is None:
             return apply()
@@ -321,6 +334,20 @@ class FakeZooKeeper:
             return await self.get(path)
         except NoNodeError:
             return None
+
+    async def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """One round trip for all of ``paths`` (AsyncZooKeeper pipelines them)."""
+        await self._round_trip()
+        self.reads += len(paths)
+        return [
+            (self.server.nodes[p].data, self.server.stat(p)) if p in self.server.nodes else None
+            for p in paths
+        ]
+
+    async def get_children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
+        await self._round_trip()
+        self.reads += len(paths)
+        return [sorted(self.server.nodes[p].children) if p in self.server.nodes else None for p in paths]
 
     async def get_children(self, path: str) -> list[str]:
         await self._round_trip()

@@ -25,7 +25,7 @@ from strom.broker.cluster.controller import (
 )
 from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
-from strom.broker.zk.client import AsyncZooKeeper
+from strom.broker.zk.client import READS_PER_REQUEST, AsyncZooKeeper, Create
 from zkserver import ZooKeeperServer, java_available
 
 SESSION_MS = 1500
@@ -504,5 +504,44 @@ def test_partition_reassignment(zookeeper: ZooKeeperServer) -> None:
             znode = await topic()
             assert znode.partitions == {0: [2, 3], 1: [2, 3]}
             assert (znode.adding_replicas, znode.removing_replicas) == ({}, {})
+
+    run(body)
+
+
+# -- batched reads -------------------------------------------------------------------------------
+
+
+def test_get_many_reads_every_znode_in_multi_reads(zookeeper: ZooKeeperServer) -> None:
+    """The controller's batched reads against a real ZooKeeper, under a chroot: more paths than one
+    multiRead carries, znodes that do not exist (None, where a plain read raises), and what kazoo's
+    one-at-a-time reads say about each."""
+
+    async def body() -> None:
+        zk = AsyncZooKeeper(f"{zookeeper.connect}/batched-reads", SESSION_MS, 5000)
+        await zk.start()
+        try:
+            await zk.ensure_path("/r")
+            count = READS_PER_REQUEST + 7
+            for start in range(0, count, 250):
+                await zk.multi(
+                    [Create(f"/r/n{i}", f"data-{i}".encode()) for i in range(start, min(start + 250, count))]
+                )
+            await zk.set("/r/n3", b"changed")
+            paths = [f"/r/n{i}" for i in range(count)] + ["/r/missing", "/no/such/parent"]
+            got = await zk.get_many(paths)
+            assert got[-2:] == [None, None]
+            for path, answer in zip(paths[:-2], got[:-2], strict=True):
+                assert answer is not None
+                one = await zk.get(path)
+                assert answer[0] == one[0] and answer[1].version == one[1].version, path
+            assert got[3] is not None and got[3][1].version == 1
+            children = await zk.get_children_many(["/r", "/r/n0", "/r/missing"])
+            assert children[0] is not None and sorted(children[0]) == sorted(
+                p.rsplit("/", 1)[1] for p in paths[:-2]
+            )
+            assert children[1:] == [[], None]
+            assert await zk.get_many([]) == []
+        finally:
+            await zk.stop()
 
     run(body)

@@ -16,7 +16,9 @@ import pytest
 
 from fakezk import FakeZooKeeper, FakeZooKeeperServer
 from strom.broker.cluster.controller import Controller, request_controlled_shutdown
+from strom.broker.cluster.controller import duties as controller_duties
 from strom.broker.cluster.controller import events as controller_events
+from strom.broker.cluster.controller import writer as controller_writer
 from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
 
@@ -589,3 +591,201 @@ def test_topic_rewritten_without_its_id_gets_the_same_id_back() -> None:
         )
 
     run(lambda: _at_every_write(Scenario(setup, rewrite, converged)))
+
+
+# -- batched reads and writes --------------------------------------------------------------------
+# Partition states are read pipelined and written STATES_PER_WRITE to a fenced multi-op; with three
+# to a multi-op, seven partitions take three of them, and every fault above lands in the middle of
+# a chunked duty too.
+
+SEVEN = {p: [2, 1, 3] for p in range(7)}
+
+
+@pytest.fixture
+def chunks_of_three(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_writer, "STATES_PER_WRITE", 3)
+
+
+async def _three_brokers_and_seven_partitions(h: Harness) -> None:
+    for broker in (1, 2, 3):
+        await h.broker_up(broker)
+    h.create_topic("t", SEVEN)
+    await h.start_controller()
+    await h.wait(lambda: all(s is not None and s.leader == 2 for s in h.states("t").values()), "leaders")
+
+
+def _notified(h: Harness) -> list[list[tuple[str, int]]]:
+    """The partitions each /isr_change_notification znode lists, oldest first."""
+    return [
+        znodes.decode_partition_list(h.server.data(f"{znodes.ISR_CHANGE_NOTIFICATION}/{name}") or b"")
+        for name in h.server.children(znodes.ISR_CHANGE_NOTIFICATION)
+    ]
+
+
+@pytest.mark.usefixtures("chunks_of_three")
+def test_chunked_broker_failure_converges_after_a_failed_write() -> None:
+    async def down(h: Harness) -> None:
+        await h.broker_down(1)
+
+    def converged(h: Harness) -> bool:
+        return all(s is not None and s.leader == 2 and s.isr == [2, 3] for s in h.states("t").values())
+
+    run(lambda: _at_every_write(Scenario(_three_brokers_and_seven_partitions, down, converged)))
+
+
+@pytest.mark.usefixtures("chunks_of_three")
+def test_chunked_controller_failover_converges_after_a_failed_write() -> None:
+    async def setup(h: Harness) -> None:
+        for broker in (2, 3):
+            await h.broker_up(broker)
+        h.create_topic("t", {p: [1, 2, 3] for p in range(7)})
+        for p in range(7):
+            h.set_state("t", p, znodes.LeaderAndIsr(1, 3, [1, 2, 3], 1))
+
+    async def start(h: Harness) -> None:
+        await h.start_controller()
+
+    run(lambda: _at_every_write(Scenario(setup, start, _without(1))))
+
+
+@pytest.mark.usefixtures("chunks_of_three")
+def test_chunked_topic_creation_and_deletion_converge_after_a_failed_write() -> None:
+    async def setup(h: Harness) -> None:
+        for broker in (1, 2, 3):
+            await h.broker_up(broker)
+        await h.start_controller()
+
+    async def create(h: Harness) -> None:
+        h.create_topic("t", SEVEN)
+
+    def created(h: Harness) -> bool:
+        return all(s is not None and s.leader == 2 for s in h.states("t").values())
+
+    async def delete(h: Harness) -> None:
+        h.server.put(znodes.delete_topic_path("t"), b"")
+
+    def deleted(h: Harness) -> bool:
+        return (
+            h.server.data(znodes.topic_path("t")) is None
+            and h.server.data(znodes.delete_topic_path("t")) is None
+        )
+
+    run(lambda: _at_every_write(Scenario(setup, create, created)))
+    run(lambda: _at_every_write(Scenario(_three_brokers_and_seven_partitions, delete, deleted)))
+
+
+@pytest.mark.usefixtures("chunks_of_three")
+def test_chunked_controlled_shutdown_converges_after_a_failed_write() -> None:
+    done: list[bool] = []
+
+    async def setup(h: Harness) -> None:
+        await _three_brokers_and_seven_partitions(h)
+
+    async def shutdown(h: Harness) -> None:
+        async def ask() -> None:
+            done.append(await request_controlled_shutdown(h.brokers[2], 2, WAIT_S))
+
+        done.clear()
+        asyncio.get_running_loop().create_task(ask())
+
+    def converged(h: Harness) -> bool:
+        return done == [True] and all(
+            s is not None and s.leader == 1 and s.isr == [1, 3] for s in h.states("t").values()
+        )
+
+    run(lambda: _at_every_write(Scenario(setup, shutdown, converged)))
+
+
+async def _failure_with_a_leaders_isr_change(before_write: int | None) -> int:
+    """Broker 1 dies; leader 2 shrinks partition 4's ISR just before the controller's write
+    ``before_write`` (None: not at all). The number of writes the controller made."""
+    h = Harness()
+    try:
+        await _three_brokers_and_seven_partitions(h)
+        await h.quiet()
+        before = h.zk.writes
+
+        def shrink() -> None:
+            state = h.state("t", 4)
+            assert state is not None
+            h.set_state("t", 4, replace(state, isr=[b for b in state.isr if b != 3]))
+
+        if before_write is not None:
+            h.zk.before_write(before_write, shrink)
+        await h.broker_down(1)
+
+        def converged() -> bool:
+            return all(
+                s is not None
+                and s.leader == 2
+                and s.isr == ([2] if p == 4 and before_write is not None else [2, 3])
+                for p, s in h.states("t").items()
+            )
+
+        await h.wait(converged, f"convergence (leader's write before write {before_write})")
+        await h.quiet()
+        assert converged()
+        return h.zk.writes - before
+    finally:
+        await h.stop()
+
+
+@pytest.mark.usefixtures("chunks_of_three")
+def test_a_leaders_isr_change_between_read_and_write_loses_no_decision() -> None:
+    """Before each of the controller's writes in turn, the leader changes partition 4's ISR (in the
+    middle of the second chunk): a multi-op that fails on partition 4's version is written without
+    it, partition 4 is read and decided again -- and keeps the leader's change."""
+
+    async def body() -> None:
+        writes = await _failure_with_a_leaders_isr_change(None)
+        assert writes == 3  # seven partitions, three to a multi-op
+        for index in range(writes):
+            await _failure_with_a_leaders_isr_change(index)
+
+    run(body)
+
+
+def test_every_state_write_announces_its_partitions() -> None:
+    """Creation and every later change of partition states create a notification listing exactly
+    the partitions written, in the same multi-op."""
+
+    async def body() -> None:
+        h = Harness()
+        try:
+            await _three_brokers_and_seven_partitions(h)
+            assert _notified(h) == [[("t", p) for p in range(7)]]
+            h.set_state("t", 5, znodes.LeaderAndIsr(2, 0, [2, 3], 1))  # 1 is out of 5's ISR already
+            await h.broker_down(1)
+            await h.wait(
+                lambda: all(s is not None and 1 not in s.isr for s in h.states("t").values()), "ISRs"
+            )
+            await h.quiet()
+            assert _notified(h)[1:] == [[("t", p) for p in range(7) if p != 5]]
+        finally:
+            await h.stop()
+
+    run(body)
+
+
+def test_isr_change_notifications_are_purged_after_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_duties, "ISR_CHANGE_PURGE_INTERVAL_S", 0.05)
+
+    async def body() -> None:
+        h = Harness()
+        try:
+            await h.broker_up(1)
+            path = f"{znodes.ISR_CHANGE_NOTIFICATION}/{znodes.ISR_CHANGE_PREFIX}"
+            change = znodes.encode_partition_list([("t", 0)])
+            h.server.clock_offset_ms = -2 * 60 * 1000
+            old = [await h.admin.create(path, change, sequence=True) for _ in range(3)]
+            h.server.clock_offset_ms = -10 * 1000
+            recent = await h.admin.create(path, change, sequence=True)
+            h.server.clock_offset_ms = 0
+            await h.start_controller()
+            await h.wait(lambda: all(h.server.data(p) is None for p in old), "old notifications gone")
+            await asyncio.sleep(0.3)
+            assert h.server.data(recent) is not None
+        finally:
+            await h.stop()
+
+    run(body)

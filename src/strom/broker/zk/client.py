@@ -12,12 +12,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError, RolledBackError
+from kazoo.exceptions import (
+    EXCEPTIONS,
+    MarshallingError,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+    UnimplementedError,
+)
+from kazoo.protocol.serialization import (
+    GetChildren,
+    GetData,
+    MultiHeader,
+    int_struct,
+    read_buffer,
+    read_string,
+    stat_struct,
+)
 from kazoo.protocol.states import ZnodeStat
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
@@ -59,6 +77,7 @@ class Create:
     path: str
     data: bytes = b""
     ephemeral: bool = False
+    sequence: bool = False  # ZooKeeper appends the parent's 10-digit counter to the name
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +105,56 @@ class MultiOpFailed(Exception):
         self.index = index
         self.op = op
         self.cause = cause
+
+
+# Paths read in one multiRead request: a reply of 500 partition states is about 100 KB, well below
+# the 1 MiB ZooKeeper allows a packet (jute.maxbuffer).
+READS_PER_REQUEST = 500
+
+
+class _MultiRead:
+    """ZooKeeper's multiRead request (opcode 22, ZooKeeper 3.6+; kazoo has none): many getData or
+    getChildren in one request, each answered on its own -- its result, or its error -- where a
+    multi-op of writes fails as a whole. Sent through kazoo's connection like its own requests."""
+
+    type = 22
+
+    def __init__(self, op_type: int, paths: list[str]) -> None:
+        self.op_type = op_type
+        self.paths = paths
+
+    def serialize(self) -> bytearray:
+        b = bytearray()
+        for path in self.paths:
+            op = GetData(path, None) if self.op_type == GetData.type else GetChildren(path, None)
+            b.extend(MultiHeader(self.op_type, False, -1).serialize() + op.serialize())
+        b.extend(MultiHeader(-1, True, -1).serialize())
+        return b
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> list[Any]:
+        results: list[Any] = []
+        header, offset = MultiHeader.deserialize(data, offset)
+        while not header.done:
+            if header.type == GetData.type:
+                value, offset = read_buffer(data, offset)
+                results.append((value, ZnodeStat._make(stat_struct.unpack_from(data, offset))))
+                offset += stat_struct.size
+            elif header.type == GetChildren.type:
+                count = int_struct.unpack_from(data, offset)[0]
+                offset += int_struct.size
+                children = []
+                for _ in range(max(count, 0)):
+                    child, offset = read_string(data, offset)
+                    children.append(child)
+                results.append(children)
+            elif header.type == -1:
+                results.append(EXCEPTIONS[int_struct.unpack_from(data, offset)[0]]())
+                offset += int_struct.size
+            else:
+                raise MarshallingError()
+            header, offset = MultiHeader.deserialize(data, offset)
+        return results
 
 
 def split_connect_string(connect: str) -> tuple[str, str]:
@@ -212,6 +281,84 @@ class AsyncZooKeeper:
         except NoNodeError:
             return None
 
+    async def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Every one of ``paths`` read in a few requests (ZooKeeper's multiRead, up to
+        ``READS_PER_REQUEST`` paths each, all sent before any answer is awaited); None where a znode
+        does not exist."""
+        results: list[tuple[bytes, ZnodeStat] | None] = []
+        for answer in await self._read_many(GetData.type, paths):
+            if isinstance(answer, NoNodeError):
+                results.append(None)
+            elif isinstance(answer, Exception):
+                raise answer
+            else:
+                results.append((answer[0] or b"", answer[1]))
+        return results
+
+    async def get_children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
+        """The children of every one of ``paths``, read as ``get_many`` reads; None where there is no
+        such znode."""
+        results: list[list[str] | None] = []
+        for answer in await self._read_many(GetChildren.type, paths):
+            if isinstance(answer, NoNodeError):
+                results.append(None)
+            elif isinstance(answer, Exception):
+                raise answer
+            else:
+                results.append(list(answer))
+        return results
+
+    async def _read_many(self, op_type: int, paths: Sequence[str]) -> list[Any]:
+        """The answer (or error) of each read of ``paths``, in order. A server without multiRead
+        (before ZooKeeper 3.6) is asked path by path, pipelined."""
+        chunks = [list(paths[i : i + READS_PER_REQUEST]) for i in range(0, len(paths), READS_PER_REQUEST)]
+        answers: list[Any] = []
+        for chunk, answer in zip(
+            chunks, await self._all([self._multi_read(op_type, c) for c in chunks]), strict=True
+        ):
+            if isinstance(answer, (UnimplementedError, MarshallingError)):
+                read = self._client.get_async if op_type == GetData.type else self._client.get_children_async
+                answer = await self._all([read(path) for path in chunk])
+            elif isinstance(answer, Exception):
+                raise answer
+            answers += answer
+        return answers
+
+    def _multi_read(self, op_type: int, paths: list[str]) -> Any:
+        async_result = self._client.handler.async_result()
+        self._client._call(_MultiRead(op_type, [self._client.chroot + p for p in paths]), async_result)
+        return async_result
+
+    def _all(self, async_results: list[Any]) -> asyncio.Future[list[Any]]:
+        """The values (or exceptions) of ``async_results``, once all are in: kazoo's threads collect
+        them and wake the loop once, not once per answer."""
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        values: list[Any] = [None] * len(async_results)
+        remaining = [len(async_results)]
+        lock = threading.Lock()
+        if not async_results:
+            future.set_result(values)
+            return future
+
+        def settle() -> None:
+            if not future.done():
+                future.set_result(values)
+
+        def collect(index: int, result: Any) -> None:
+            try:
+                values[index] = result.get_nowait()
+            except Exception as e:
+                values[index] = e
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                self._post(settle)
+
+        for index, async_result in enumerate(async_results):
+            async_result.rawlink(partial(collect, index))
+        return future
+
     async def get_children(self, path: str) -> list[str]:
         children: list[str] = await self._await(self._client.get_children_async(path))
         return children
@@ -257,7 +404,7 @@ class AsyncZooKeeper:
             if isinstance(op, Check):
                 transaction.check(op.path, op.version)
             elif isinstance(op, Create):
-                transaction.create(op.path, op.data, ephemeral=op.ephemeral)
+                transaction.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
             elif isinstance(op, SetData):
                 transaction.set_data(op.path, op.data, op.version)
             else:

@@ -29,8 +29,12 @@ from strom.broker.cluster.controller.events import EventQueue, Handler, retry_ba
 from strom.broker.cluster.controller.requests import ControlledShutdownReport
 from strom.broker.cluster.controller.writer import (
     ControllerMovedError,
+    Decide,
+    DutyStats,
     FencedWriter,
     UnparseableZnodes,
+    chunked,
+    state_change_notification,
 )
 from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
@@ -49,12 +53,13 @@ from strom.broker.zk.client import (
 
 log = logging.getLogger("strom.broker.cluster.controller")
 
-# New partition states written in one multi-op (3 small znodes each: well below ZooKeeper's 1 MiB
-# request limit, jute.maxbuffer).
-_STATES_PER_WRITE = 500
 UNCLEAN_KEY = "unclean.leader.election.enable"
 # Kafka's ZkNodeChangeNotificationListener: change notifications older than this are purged.
 CONFIG_CHANGE_EXPIRATION_MS = 15 * 60 * 1000
+# Partition-state change notifications (/isr_change_notification) older than this are purged: every
+# connected broker has read them by then, and one that was disconnected re-reads every state.
+ISR_CHANGE_EXPIRATION_MS = 60 * 1000
+ISR_CHANGE_PURGE_INTERVAL_S = 30.0
 
 
 class Controller:
@@ -64,7 +69,8 @@ class Controller:
         self._zk = zk
         self._broker_id = broker_id
         self._config = config
-        self._events = EventQueue(self._on_event_failed, lambda: self._epoch)
+        self._events = EventQueue(self._on_event_failed, lambda: self._epoch, self._on_event_done)
+        self._stats = DutyStats()  # what the running event did, logged when it ends
         self._started = False
         self._stopped = False
         self._active = False
@@ -73,7 +79,7 @@ class Controller:
         self._controller_watch: Watch | None = None
         self._duty_watches: list[Watch] = []
         self._topic_watches: dict[str, Watch] = {}
-        self._rebalance_task: asyncio.Task[None] | None = None
+        self._timers: list[asyncio.Task[None]] = []  # periodic duties of this term
         # Cluster view while active (rebuilt at every election).
         self._live: dict[int, int] = {}  # broker id -> broker epoch (czxid of its registration)
         self._topics: dict[str, znodes.TopicZNode] = {}
@@ -122,9 +128,27 @@ class Controller:
 
     # -- events ------------------------------------------------------------------------------
 
+    def _on_event_done(self, name: str, ms: float) -> None:
+        """One line per event: at INFO for those that read or wrote partition states."""
+        stats = self._stats
+        (log.info if stats.read or stats.written else log.debug)(
+            "controller duty",
+            extra={
+                "duty": name,
+                "ms": round(ms, 1),
+                "states_read": stats.read,
+                "states_written": stats.written,
+                "multis": stats.multis,
+                "states_retried": stats.retried,
+                "controller_epoch": self._epoch,
+            },
+        )
+        stats.read = stats.written = stats.multis = stats.retried = 0
+
     async def _on_event_failed(
         self, name: str, handler: Handler, error: Exception, failures: int, term: int
     ) -> None:
+        self._stats.read = self._stats.written = self._stats.multis = self._stats.retried = 0
         if isinstance(error, ControllerMovedError):
             log.info(
                 "controller fenced, resigning", extra={"broker_id": self._broker_id, "reason": str(error)}
@@ -225,7 +249,9 @@ class Controller:
                 self._events.put("check-controller", self._check_controller)
             return
         self._epoch = epoch
-        self._writer = FencedWriter(self._zk, epoch, results[1].version, session_id, self._unparseable)
+        self._writer = FencedWriter(
+            self._zk, epoch, results[1].version, session_id, self._unparseable, self._stats
+        )
         self._active = True
         log.info(
             "elected controller",
@@ -267,9 +293,9 @@ class Controller:
             watch.cancel()
         self._duty_watches.clear()
         self._topic_watches.clear()
-        if self._rebalance_task is not None:
-            self._rebalance_task.cancel()
-            self._rebalance_task = None
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
         self._live.clear()
         self._topics.clear()
         self._topic_ids.clear()
@@ -305,15 +331,23 @@ class Controller:
             znodes.DELETE_TOPICS,
             znodes.CONTROLLED_SHUTDOWN,
             znodes.CONFIG_CHANGES,
+            znodes.ISR_CHANGE_NOTIFICATION,
         ):
             await self._zk.ensure_path(path)
         self._live = await self._read_live_brokers()
-        for topic in await self._zk.get_children(znodes.TOPICS):
-            await self._read_topic(topic)
+        topics = sorted(await self._zk.get_children(znodes.TOPICS))
+        for topic, got in zip(
+            topics, await self._zk.get_many([znodes.topic_path(t) for t in topics]), strict=True
+        ):
+            self._take_topic(topic, got)
         # Brokers may have come and gone while there was no controller: bring every partition in
-        # line with today's membership, and create the states a previous controller left missing.
+        # line with today's membership, and create the states a previous controller left missing
+        # (the reconciliation read which exist).
+        states = await self._reconcile(self._all_partitions(), "controller failover", set(self._live))
+        for (topic, partition), state in states.items():
+            if state is not None:
+                self._with_state.setdefault(topic, set()).add(partition)
         await self._create_missing_states(list(self._topics))
-        await self._reconcile(self._all_partitions(), "controller failover", set(self._live))
         self._duty_watches += [
             await self._zk.watch_children(
                 znodes.BROKER_IDS, lambda _: self._events.put("broker-change", self._on_brokers_changed)
@@ -341,19 +375,26 @@ class Controller:
             for partition in sorted(set(znode.adding_replicas) | set(znode.removing_replicas)):
                 await self._watch_reassignment(topic, partition)
         if self._config.auto_leader_rebalance_enable:
-            self._rebalance_task = asyncio.get_running_loop().create_task(self._rebalance_timer())
+            interval = max(1, self._config.leader_imbalance_check_interval_seconds)
+            self._every(interval, "auto-rebalance", self._check_imbalance)
+        self._every(ISR_CHANGE_PURGE_INTERVAL_S, "isr-change-purge", self._purge_isr_change_notifications)
+
+    def _every(self, interval_s: float, name: str, handler: Handler) -> None:
+        """Queue ``handler`` every ``interval_s`` while this term lasts."""
+
+        async def timer() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                self._events.put(name, handler)
+
+        self._timers.append(asyncio.get_running_loop().create_task(timer(), name=f"controller-{name}"))
 
     # -- brokers ---------------------------------------------------------------------------------
 
     async def _read_live_brokers(self) -> dict[int, int]:
-        live: dict[int, int] = {}
-        for child in await self._zk.get_children(znodes.BROKER_IDS):
-            if not child.isdigit():
-                continue
-            stat = await self._zk.exists(znodes.broker_path(int(child)))
-            if stat is not None:
-                live[int(child)] = stat.czxid
-        return live
+        ids = [int(child) for child in await self._zk.get_children(znodes.BROKER_IDS) if child.isdigit()]
+        registrations = await self._zk.get_many([znodes.broker_path(b) for b in ids])
+        return {b: got[1].czxid for b, got in zip(ids, registrations, strict=True) if got is not None}
 
     async def _on_brokers_changed(self) -> None:
         """Bring the partitions of every broker that died, restarted or joined in line with the
@@ -401,45 +442,52 @@ class Controller:
     def _all_partitions(self) -> list[tuple[str, int]]:
         return [(topic, p) for topic, znode in self._topics.items() for p in znode.partitions]
 
-    async def _reconcile(self, partitions: list[tuple[str, int]], why: str, live: set[int]) -> None:
-        unclean_cache: dict[str, bool] = {}
-        for topic, partition in sorted(partitions):
+    async def _reconcile(
+        self, partitions: list[tuple[str, int]], why: str, live: set[int]
+    ) -> dict[tuple[str, int], znodes.LeaderAndIsr | None]:
+        unclean = await self._unclean_allowed(sorted({t for t, _ in partitions if t in self._topics}))
+        decisions: dict[tuple[str, int], Decide] = {}
+        for topic, partition in partitions:
             replicas = self._topics[topic].partitions.get(partition, []) if topic in self._topics else []
-            if not replicas:
-                continue
-            if topic not in unclean_cache:
-                unclean_cache[topic] = await self._unclean_allowed(topic)
-            decide = partial(
-                decide_on_membership,
-                replicas,
-                live=live,
-                shutting_down=self._shutting_down,
-                unclean=unclean_cache[topic],
-                controller_epoch=self._epoch,
-            )
-            await self._fenced().update_state(topic, partition, decide, why)
+            if replicas:
+                decisions[(topic, partition)] = partial(
+                    decide_on_membership,
+                    replicas,
+                    live=live,
+                    shutting_down=self._shutting_down,
+                    unclean=unclean[topic],
+                    controller_epoch=self._epoch,
+                )
+        return await self._fenced().update_states(decisions, why)
 
-    async def _unclean_allowed(self, topic: str) -> bool:
-        """unclean.leader.election.enable of the topic (its /config/topics override), else the broker's."""
-        path = znodes.topic_config_path(topic)
-        got = await self._zk.get_or_none(path)
-        try:
-            override = znodes.EntityConfigZNode.decode(got[0] if got else None).config.get(UNCLEAN_KEY)
-        except znodes.MALFORMED as e:
-            self._unparseable.skip(path, e)
-            override = None
-        else:
-            self._unparseable.parsed(path)
-        if override is not None:
-            return override.strip().lower() == "true"
-        return bool(self._config.unclean_leader_election_enable)
+    async def _unclean_allowed(self, topics: list[str]) -> dict[str, bool]:
+        """unclean.leader.election.enable of each topic (its /config/topics override), else the broker's."""
+        paths = [znodes.topic_config_path(topic) for topic in topics]
+        allowed: dict[str, bool] = {}
+        for topic, path, got in zip(topics, paths, await self._zk.get_many(paths), strict=True):
+            try:
+                override = znodes.EntityConfigZNode.decode(got[0] if got else None).config.get(UNCLEAN_KEY)
+            except znodes.MALFORMED as e:
+                self._unparseable.skip(path, e)
+                override = None
+            else:
+                self._unparseable.parsed(path)
+            if override is not None:
+                allowed[topic] = override.strip().lower() == "true"
+            else:
+                allowed[topic] = bool(self._config.unclean_leader_election_enable)
+        return allowed
 
     # -- topics ----------------------------------------------------------------------------------
 
     async def _read_topic(self, topic: str) -> tuple[znodes.TopicZNode, int] | None:
         """The topic's znode and its version; None (and out of the controller's view) when it is gone
         or cannot be parsed -- skipped, never taken for deleted: only a deletion request deletes."""
-        got = await self._zk.get_or_none(znodes.topic_path(topic))
+        return self._take_topic(topic, await self._zk.get_or_none(znodes.topic_path(topic)))
+
+    def _take_topic(
+        self, topic: str, got: tuple[bytes, ZnodeStat] | None
+    ) -> tuple[znodes.TopicZNode, int] | None:
         znode = self._unparseable.topic(topic, got[0]) if got is not None and got[0] else None
         if got is None or znode is None:
             self._topics.pop(topic, None)
@@ -500,52 +548,68 @@ class Controller:
 
     async def _create_missing_states(self, topics: list[str]) -> None:
         live = set(self._live)
-        for topic in topics:
-            znode = self._topics.get(topic)
-            if znode is None or await self._zk.exists(znodes.delete_topic_path(topic)) is not None:
-                continue  # being deleted: no new partitions for it
+        candidates = [topic for topic in topics if topic in self._topics]
+        requests = await self._zk.get_many([znodes.delete_topic_path(topic) for topic in candidates])
+        missing: dict[str, list[tuple[int, list[int]]]] = {}
+        for topic, request in zip(candidates, requests, strict=True):
             known = self._with_state.setdefault(topic, set())
-            missing = [(p, r) for p, r in sorted(znode.partitions.items()) if p not in known]
+            partitions = [(p, r) for p, r in sorted(self._topics[topic].partitions.items()) if p not in known]
+            if request is None and partitions:  # else being deleted: no new partitions for it
+                missing[topic] = partitions
+        # Which partitions have their znode already, and of those which have a state (a previous
+        # controller, or an earlier try, created it): each level read in one pipeline.
+        topics = list(missing)
+        children = await self._zk.get_children_many([znodes.partitions_path(t) for t in topics])
+        parents = {
+            t: {int(c) for c in names if c.isdigit()} if names is not None else None
+            for t, names in zip(topics, children, strict=True)
+        }
+        keys = [(t, p) for t in topics for p, _ in missing[t] if p in (parents[t] or ())]
+        states = await self._zk.get_many([znodes.partition_state_path(t, p) for t, p in keys])
+        self._stats.read += len(keys)
+        existing = {key for key, got in zip(keys, states, strict=True) if got is not None}
+        for topic in topics:
+            known = self._with_state[topic]
+            known.update(p for p, _ in missing[topic] if (topic, p) in existing)
             # A new topic's partitions come online together, in one fenced multi-op per chunk (as
             # Kafka's controller creates them in one batch): a client never sees some led and others
-            # not. A chunk that meets a state already there falls back to one partition at a time.
-            for start in range(0, len(missing), _STATES_PER_WRITE):
-                chunk = missing[start : start + _STATES_PER_WRITE]
-                created = await self._create_states(topic, chunk, live)
+            # not. A chunk that meets a znode created meanwhile makes the topic look again.
+            todo = [(p, r) for p, r in missing[topic] if (topic, p) not in existing]
+            # Per partition: its znode, its state znode and its entry in the notification.
+            size = 3 * len(znodes.partition_state_path(topic, 0)) + 160
+            for chunk in chunked(todo, partial(_constant, size)):
+                created = await self._create_states(topic, chunk, live, parents[topic])
                 if created is None:
-                    created = [
-                        p for p, replicas in chunk if await self._create_state(topic, p, replicas, live)
-                    ]
+                    await self._create_missing_states([topic])
+                    break
                 known.update(created)
+                parents[topic] = (parents[topic] or set()) | set(created)
 
-    async def _state_creation_ops(
-        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int]
+    def _state_creation_ops(
+        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int], parents: set[int] | None
     ) -> tuple[list[Create | SetData | Delete], list[tuple[int, znodes.LeaderAndIsr]]]:
-        """The parents too, in the same fenced multi-op: creating them with makepath could bring back
-        a topic deleted meanwhile (as an empty znode)."""
+        """``parents``: the partitions whose znode exists (None: not even the topic's partitions
+        znode). The parents are created in the same fenced multi-op: creating them with makepath
+        could bring back a topic deleted meanwhile (as an empty znode)."""
         ops: list[Create | SetData | Delete] = []
         states = []
-        if await self._zk.exists(znodes.partitions_path(topic)) is None:
+        if parents is None:
             ops.append(Create(znodes.partitions_path(topic)))
-            parents_exist: set[int] = set()
-        else:
-            parents_exist = {
-                int(c) for c in await self._zk.get_children(znodes.partitions_path(topic)) if c.isdigit()
-            }
         for partition, replicas in partitions:
-            if partition not in parents_exist:
+            if partition not in (parents or ()):
                 ops.append(Create(znodes.partition_path(topic, partition)))
             state = initial_leader_and_isr(replicas, live, self._epoch)
             ops.append(Create(znodes.partition_state_path(topic, partition), state.encode()))
             states.append((partition, state))
+        ops.append(state_change_notification([(topic, partition) for partition, _ in states]))
         return ops, states
 
     async def _create_states(
-        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int]
+        self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int], parents: set[int] | None
     ) -> list[int] | None:
         """Create the state znodes of ``partitions`` in one multi-op; the partitions created ([] if the
-        topic is gone), or None when one of them exists already (the caller goes one by one)."""
-        ops, states = await self._state_creation_ops(topic, partitions, live)
+        topic is gone), or None when one of them exists already (the caller looks again)."""
+        ops, states = self._state_creation_ops(topic, partitions, live, parents)
         try:
             await self._fenced().write(ops)
         except MultiOpFailed as e:
@@ -554,29 +618,14 @@ class Controller:
             if isinstance(e.cause, NoNodeError):
                 return []  # the topic znode went away meanwhile
             raise
+        self._stats.written += len(states)
+        self._stats.multis += 1
         for partition, state in states:
             self._log_created(topic, partition, state)
         return [partition for partition, _ in states]
 
-    async def _create_state(self, topic: str, partition: int, replicas: list[int], live: set[int]) -> bool:
-        """Create the partition's state znode (and its parents) unless it exists; False if the topic is gone."""
-        state_path = znodes.partition_state_path(topic, partition)
-        if await self._zk.exists(state_path) is not None:
-            return True
-        ops, states = await self._state_creation_ops(topic, [(partition, replicas)], live)
-        try:
-            await self._fenced().write(ops)
-        except MultiOpFailed as e:
-            if isinstance(e.cause, NodeExistsError):
-                return await self._zk.exists(state_path) is not None
-            if isinstance(e.cause, NoNodeError):
-                return False  # the topic znode went away meanwhile
-            raise
-        self._log_created(topic, partition, states[0][1])
-        return True
-
     def _log_created(self, topic: str, partition: int, state: znodes.LeaderAndIsr) -> None:
-        log.info(
+        log.debug(
             "partition created",
             extra={
                 "topic": topic,
@@ -596,17 +645,23 @@ class Controller:
             await self._delete_topic(topic)
 
     async def _delete_topic(self, topic: str) -> None:
-        """Delete the topic's znodes -- partition states, the topic, its config -- and the request,
-        all in one fenced multi-op, so brokers see the topic vanish at once."""
-        ops: list[Create | SetData | Delete] = []
+        """Delete the topic's znodes -- partition states, the topic, its config -- and the request:
+        the partitions' znodes bottom-up in fenced multi-ops under ZooKeeper's request limit, then the
+        topic znode, its config and the request in the last one, so brokers see the topic vanish at
+        once (a deletion stopped half-way leaves the topic and the request, and is done again)."""
         topic_path = znodes.topic_path(topic)
-        if await self._zk.exists(topic_path) is not None:
-            ops += [Delete(p) for p in await self._subtree_bottom_up(topic_path)]
+        paths = await self._subtree_bottom_up(topic_path)
+        last: list[Create | SetData | Delete] = []
+        if paths and paths[-1] == topic_path:
+            paths.pop()
+            last.append(Delete(topic_path))
         if await self._zk.exists(znodes.topic_config_path(topic)) is not None:
-            ops.append(Delete(znodes.topic_config_path(topic)))
-        ops.append(Delete(znodes.delete_topic_path(topic)))
+            last.append(Delete(znodes.topic_config_path(topic)))
+        last.append(Delete(znodes.delete_topic_path(topic)))
         try:
-            await self._fenced().write(ops)
+            for chunk in chunked(paths, lambda path: len(path) + 32):
+                await self._fenced().write([Delete(path) for path in chunk])
+            await self._fenced().write(last)
         except MultiOpFailed:
             # The tree changed while it was read (a partition being created, the request withdrawn):
             # look again.
@@ -617,14 +672,21 @@ class Controller:
         self._topics.pop(topic, None)
         self._topic_ids.pop(topic, None)
         self._with_state.pop(topic, None)
-        log.info("topic deleted", extra={"topic": topic, "controller_epoch": self._epoch})
+        log.info(
+            "topic deleted",
+            extra={"topic": topic, "znodes": len(paths) + len(last), "controller_epoch": self._epoch},
+        )
 
     async def _subtree_bottom_up(self, path: str) -> list[str]:
-        paths: list[str] = []
-        for child in await self._zk.get_children(path):
-            paths += await self._subtree_bottom_up(f"{path}/{child}")
-        paths.append(path)
-        return paths
+        """``path`` and every znode below it, children before parents ([] if there is no ``path``);
+        each level read in one pipeline."""
+        levels = [[path]]
+        while levels[-1]:
+            children = await self._zk.get_children_many(levels[-1])
+            found = [(p, names) for p, names in zip(levels[-1], children, strict=True) if names is not None]
+            levels[-1] = [p for p, _ in found]
+            levels.append([f"{p}/{name}" for p, names in found for name in names])
+        return [p for level in reversed(levels) for p in level]
 
     # -- controlled shutdown ---------------------------------------------------------------------
 
@@ -640,28 +702,30 @@ class Controller:
         got = await self._zk.get_or_none(path)
         if got is None:
             return
-        try:
-            request = ControlledShutdownReport.decode(got[0])
-        except (ValueError, KeyError):
-            request = ControlledShutdownReport(broker, "")
+        request = _shutdown_request(broker, got[0])
+        if request.controller_epoch == self._epoch:
+            return  # answered already (a duplicate event): a broker that wants another look asks anew
         if broker not in self._live:
             return  # not registered: nothing leads there, and its request goes with its session
         self._shutting_down.add(broker)
         live = set(self._live)
         leaders_remaining = isr_remaining = 0
-        for topic, partition in sorted(self._partitions_of({broker})):
-            replicas = self._topics[topic].partitions[partition]
-            decide = partial(
+        decisions: dict[tuple[str, int], Decide] = {
+            (topic, partition): partial(
                 decide_controlled_shutdown,
-                replicas,
+                self._topics[topic].partitions[partition],
                 broker=broker,
                 live=live,
                 shutting_down=self._shutting_down,
                 controller_epoch=self._epoch,
             )
-            state = await self._fenced().update_state(topic, partition, decide, "controlled shutdown")
+            for topic, partition in self._partitions_of({broker})
+        }
+        states = await self._fenced().update_states(decisions, "controlled shutdown")
+        for (topic, partition), state in sorted(states.items()):
             if state is None:
                 continue
+            replicas = self._topics[topic].partitions[partition]
             others = [b for b in replicas if b != broker and b in live and b not in self._shutting_down]
             if state.leader == broker and others:
                 # Another live replica could still take over (once in the ISR): worth a retry.
@@ -673,18 +737,24 @@ class Controller:
                 and any(b in live for b in state.isr if b != broker)
             ):
                 isr_remaining += 1
+        log.info(
+            "controlled shutdown",
+            extra={"broker": broker, "leaders_remaining": leaders_remaining, "isr_remaining": isr_remaining},
+        )
+        # The answer goes to the request there now: one the broker made anew while this pass ran
+        # (its wait ran out first) gets it too, or the broker would ask again for ever whenever a
+        # pass takes longer than its wait.
+        got = await self._zk.get_or_none(path)
+        if got is None:
+            return  # withdrawn
         report = replace(
-            request,
+            _shutdown_request(broker, got[0]),
             controller_epoch=self._epoch,
             leaders_remaining=leaders_remaining,
             isr_remaining=isr_remaining,
             done=leaders_remaining == 0 and isr_remaining == 0,
         )
-        log.info(
-            "controlled shutdown",
-            extra={"broker": broker, "leaders_remaining": leaders_remaining, "isr_remaining": isr_remaining},
-        )
-        with contextlib.suppress(MultiOpFailed):  # the request was withdrawn or made anew meanwhile
+        with contextlib.suppress(MultiOpFailed):  # withdrawn or made anew meanwhile: its own event
             await self._fenced().write([SetData(path, report.encode(), got[1].version)])
 
     # -- partition reassignment (KIP-455 in the topic znode) -------------------------------------
@@ -763,7 +833,10 @@ class Controller:
                     leader_epoch=state.leader_epoch + 1,
                     controller_epoch=self._epoch,
                 )
-                ops.append(SetData(state_path, bumped.encode(), state_got[1].version))
+                ops += [
+                    SetData(state_path, bumped.encode(), state_got[1].version),
+                    state_change_notification([(topic, partition)]),
+                ]
             try:
                 await self._fenced().write(ops)
             except MultiOpFailed as e:
@@ -857,6 +930,7 @@ class Controller:
                         state_got[1].version,
                     ),
                     SetData(znodes.topic_path(topic), new_znode.encode(), topic_got[1].version),
+                    state_change_notification([(topic, partition)]),
                 ]
             )
         except MultiOpFailed:
@@ -892,6 +966,36 @@ class Controller:
                 await self._fenced().write([Delete(path, stat.version)])
             log.debug("config change notification purged", extra={"path": path})
 
+    async def _purge_isr_change_notifications(self) -> None:
+        """Delete the /isr_change_notification znodes older than a minute, oldest first, in fenced
+        multi-ops: a broker connected all along has read them, and one that was not re-reads every
+        partition state. Sequence order is creation order, so the scan stops at the first young one."""
+        if not self._active:
+            return
+        expired_before = time.time() * 1000 - ISR_CHANGE_EXPIRATION_MS
+        names = sorted(
+            c
+            for c in await self._zk.get_children(znodes.ISR_CHANGE_NOTIFICATION)
+            if c.startswith(znodes.ISR_CHANGE_PREFIX)
+        )
+        purged = 0
+        for chunk in chunked(names, lambda _: 1):
+            paths = [f"{znodes.ISR_CHANGE_NOTIFICATION}/{name}" for name in chunk]
+            got = await self._zk.get_many(paths)
+            expired = [
+                Delete(path, g[1].version)
+                for path, g in zip(paths, got, strict=True)
+                if g is not None and g[1].ctime < expired_before
+            ]
+            if expired:
+                with contextlib.suppress(MultiOpFailed):  # deleted meanwhile: the next purge looks again
+                    await self._fenced().write(expired)
+                    purged += len(expired)
+            if len(expired) < len(chunk):
+                break
+        if purged:
+            log.debug("partition state change notifications purged", extra={"purged": purged})
+
     # -- preferred leader election ---------------------------------------------------------------
 
     def _on_preferred_election_znode(self, data: bytes | None, _stat: ZnodeStat | None) -> None:
@@ -915,24 +1019,18 @@ class Controller:
 
     async def _elect_preferred(self, partitions: Iterable[tuple[str, int]], why: str) -> None:
         live = set(self._live)
+        decisions: dict[tuple[str, int], Decide] = {}
         for topic, partition in partitions:
             replicas = self._topics[topic].partitions.get(partition) if topic in self._topics else None
-            if not replicas:
-                continue
-            decide = partial(
-                decide_preferred_leader,
-                replicas,
-                live=live,
-                shutting_down=self._shutting_down,
-                controller_epoch=self._epoch,
-            )
-            await self._fenced().update_state(topic, partition, decide, why)
-
-    async def _rebalance_timer(self) -> None:
-        interval = max(1, self._config.leader_imbalance_check_interval_seconds)
-        while True:
-            await asyncio.sleep(interval)
-            self._events.put("auto-rebalance", self._check_imbalance)
+            if replicas:
+                decisions[(topic, partition)] = partial(
+                    decide_preferred_leader,
+                    replicas,
+                    live=live,
+                    shutting_down=self._shutting_down,
+                    controller_epoch=self._epoch,
+                )
+        await self._fenced().update_states(decisions, why)
 
     async def _check_imbalance(self) -> None:
         """Kafka's checkAndTriggerAutoLeaderRebalance: for each broker, the share of the partitions
@@ -945,16 +1043,21 @@ class Controller:
                 if replicas:
                     preferred_of.setdefault(replicas[0], []).append((topic, partition))
         threshold = self._config.leader_imbalance_per_broker_percentage
-        for broker, partitions in sorted(preferred_of.items()):
-            if broker not in self._live or broker in self._shutting_down:
-                continue
-            imbalanced: list[tuple[str, int]] = []
-            for topic, partition in partitions:
-                path = znodes.partition_state_path(topic, partition)
-                got = await self._zk.get_or_none(path)
-                state = self._unparseable.state(path, got[0]) if got is not None else None
-                if state is not None and state.leader != broker:
-                    imbalanced.append((topic, partition))
+        preferred_of = {
+            b: partitions
+            for b, partitions in sorted(preferred_of.items())
+            if b in self._live and b not in self._shutting_down
+        }
+        keys = [key for partitions in preferred_of.values() for key in partitions]
+        paths = [znodes.partition_state_path(topic, partition) for topic, partition in keys]
+        self._stats.read += len(paths)
+        leaders: dict[tuple[str, int], int] = {}
+        for key, path, got in zip(keys, paths, await self._zk.get_many(paths), strict=True):
+            state = self._unparseable.state(path, got[0]) if got is not None else None
+            if state is not None:
+                leaders[key] = state.leader
+        for broker, partitions in preferred_of.items():
+            imbalanced = [key for key in partitions if leaders.get(key, broker) != broker]
             if imbalanced and 100 * len(imbalanced) / len(partitions) > threshold:
                 log.info(
                     "leader imbalance, moving leadership back",
@@ -963,9 +1066,20 @@ class Controller:
                 await self._elect_preferred(imbalanced, "auto leader rebalance")
 
 
+def _shutdown_request(broker: int, data: bytes) -> ControlledShutdownReport:
+    try:
+        return ControlledShutdownReport.decode(data)
+    except (ValueError, KeyError):
+        return ControlledShutdownReport(broker, "")
+
+
 def _with(replicas: dict[int, list[int]], partition: int, brokers: list[int]) -> dict[int, list[int]]:
     """``replicas`` with ``partition``'s entry set to ``brokers`` (removed when empty)."""
     result = {p: r for p, r in replicas.items() if p != partition}
     if brokers:
         result[partition] = brokers
     return result
+
+
+def _constant(value: int, _item: object) -> int:
+    return value

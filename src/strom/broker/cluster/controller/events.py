@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 
 Handler = Callable[[], Awaitable[None]]
 # The owner's answer to a failure: (event name, handler, error, failures in a row, the term the
 # event started in).
 OnFailure = Callable[[str, Handler, Exception, int, int], Awaitable[None]]
+# Told of every event that ran to the end: its name and how long it took (ms).
+OnDone = Callable[[str, float], None]
 
 RETRY_BACKOFF_MIN_S = 0.2
 RETRY_BACKOFF_MAX_S = 5.0
@@ -23,8 +26,9 @@ def retry_backoff(failures: int) -> float:
 
 
 class EventQueue:
-    def __init__(self, on_failure: OnFailure, term: Callable[[], int]) -> None:
+    def __init__(self, on_failure: OnFailure, term: Callable[[], int], on_done: OnDone) -> None:
         self._on_failure = on_failure
+        self._on_done = on_done
         self._term = term
         self._events: asyncio.Queue[tuple[str, Handler] | None] = asyncio.Queue()
         self._timers: set[asyncio.TimerHandle] = set()
@@ -70,9 +74,11 @@ class EventQueue:
                 return
             name, handler = event
             term = self._term()
+            started = time.monotonic()
             try:
                 await handler()
                 failures.pop(name, None)
+                self._on_done(name, (time.monotonic() - started) * 1000)
             except asyncio.CancelledError:
                 raise
             except Exception as e:

@@ -16,7 +16,10 @@ from strom.broker.zk import znodes
 from strom.broker.zk.client import AsyncZooKeeper, NodeExistsError, NoNodeError, ZnodeStat
 
 # A controlled-shutdown request not answered "done" within this long is made anew, so that a
-# request that raced a controller change or an ISR expansion is looked at again.
+# request that raced a controller change or an ISR expansion is looked at again; each attempt waits
+# twice as long as the one before, so a controller whose pass over the broker's partitions takes
+# longer (thousands of them on a busy machine) still answers one: a request made anew while it
+# works makes its answer miss.
 _SHUTDOWN_RETRY_S = 2.0
 
 
@@ -78,6 +81,7 @@ async def request_controlled_shutdown(zk: AsyncZooKeeper, broker_id: int, timeou
     deadline = loop.time() + timeout_s
     path = znodes.controlled_shutdown_path(broker_id)
     await zk.ensure_path(znodes.CONTROLLED_SHUTDOWN)
+    retry_s = _SHUTDOWN_RETRY_S
     try:
         while True:
             request = ControlledShutdownReport(broker_id, uuid.uuid4().hex)
@@ -85,8 +89,9 @@ async def request_controlled_shutdown(zk: AsyncZooKeeper, broker_id: int, timeou
                 await zk.delete(path)
             await zk.create(path, request.encode_request(), ephemeral=True)
             report = await _await_shutdown_report(
-                zk, path, request.request_id, min(_SHUTDOWN_RETRY_S, deadline - loop.time())
+                zk, path, request.request_id, min(retry_s, deadline - loop.time())
             )
+            retry_s *= 2
             if report is not None:
                 return report.done
             if loop.time() >= deadline:
