@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -59,6 +61,7 @@ class Create:
     path: str
     data: bytes = b""
     ephemeral: bool = False
+    sequence: bool = False  # ZooKeeper appends the parent's 10-digit counter to the name
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +215,63 @@ class AsyncZooKeeper:
         except NoNodeError:
             return None
 
+    async def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Every one of ``paths`` read in one pipeline (all requests sent before any answer is awaited,
+        one hand-over to the loop for all the answers); None where a znode does not exist."""
+        answers = await self._all([self._client.get_async(path) for path in paths])
+        results: list[tuple[bytes, ZnodeStat] | None] = []
+        for answer in answers:
+            if isinstance(answer, NoNodeError):
+                results.append(None)
+            elif isinstance(answer, Exception):
+                raise answer
+            else:
+                results.append((answer[0] or b"", answer[1]))
+        return results
+
+    async def get_children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
+        """The children of every one of ``paths``, pipelined as ``get_many``; None where there is no such znode."""
+        answers = await self._all([self._client.get_children_async(path) for path in paths])
+        results: list[list[str] | None] = []
+        for answer in answers:
+            if isinstance(answer, NoNodeError):
+                results.append(None)
+            elif isinstance(answer, Exception):
+                raise answer
+            else:
+                results.append(list(answer))
+        return results
+
+    def _all(self, async_results: list[Any]) -> asyncio.Future[list[Any]]:
+        """The values (or exceptions) of ``async_results``, once all are in: kazoo's threads collect
+        them and wake the loop once, not once per answer."""
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        values: list[Any] = [None] * len(async_results)
+        remaining = [len(async_results)]
+        lock = threading.Lock()
+        if not async_results:
+            future.set_result(values)
+            return future
+
+        def settle() -> None:
+            if not future.done():
+                future.set_result(values)
+
+        def collect(index: int, result: Any) -> None:
+            try:
+                values[index] = result.get_nowait()
+            except Exception as e:
+                values[index] = e
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                self._post(settle)
+
+        for index, async_result in enumerate(async_results):
+            async_result.rawlink(partial(collect, index))
+        return future
+
     async def get_children(self, path: str) -> list[str]:
         children: list[str] = await self._await(self._client.get_children_async(path))
         return children
@@ -257,7 +317,7 @@ class AsyncZooKeeper:
             if isinstance(op, Check):
                 transaction.check(op.path, op.version)
             elif isinstance(op, Create):
-                transaction.create(op.path, op.data, ephemeral=op.ephemeral)
+                transaction.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
             elif isinstance(op, SetData):
                 transaction.set_data(op.path, op.data, op.version)
             else:
