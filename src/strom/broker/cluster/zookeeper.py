@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -97,11 +98,15 @@ class ZooKeeperUnavailableError(MetadataWaitTimeout):
 @dataclasses.dataclass(slots=True)
 class _TopicWatches:
     watches: list[Watch] = dataclasses.field(default_factory=list)
-    partitions: dict[int, Watch] = dataclasses.field(default_factory=dict)
 
     def cancel(self) -> None:
-        for watch in [*self.watches, *self.partitions.values()]:
+        for watch in self.watches:
             watch.cancel()
+
+
+# What a change notification may name: a legal topic name (a path segment) and a partition.
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_MAX_PARTITION = 2**31 - 1
 
 
 def read_meta_properties(log_dirs: list[Path]) -> dict[Path, dict[str, str]]:
@@ -150,10 +155,21 @@ class ZkControlPlane:
         self._topics: dict[str, znodes.TopicZNode] = {}
         self._topic_czxids: dict[str, int] = {}
         self._configs: dict[str, dict[str, str]] = {}
-        self._states: dict[tuple[str, int], tuple[znodes.LeaderAndIsr, int]] = {}
+        # Each partition state read: (state, znode version = partition epoch, mzxid). The mzxid
+        # orders reads that raced (a newer write has a higher one, also across a re-creation).
+        self._states: dict[tuple[str, int], tuple[znodes.LeaderAndIsr, int, int]] = {}
         self._topic_watches: dict[str, _TopicWatches] = {}
         self._broker_watches: dict[int, Watch] = {}
-        self._loading: dict[str, list[asyncio.Task[None]]] = {}
+        # Partition-state changes come as /isr_change_notification/isr_change_N znodes (one
+        # ChildrenWatch, not one DataWatch per partition): the newest child seen and processed,
+        # the children last listed, partition states to read, and whether to read them all
+        # (at start and after any disconnection: a notification may have been missed or purged).
+        self._notification_seen = ""
+        self._notifications: list[str] = []
+        self._wanted: set[tuple[str, int]] = set()
+        self._reread_all = True
+        self._disconnected = False
+        self._sync_needed = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._registration: bytes | None = None
@@ -195,12 +211,17 @@ class ZkControlPlane:
         await self._zk.watch_children(
             znodes.BROKER_IDS, self._guarded_children(znodes.BROKER_IDS, self._on_broker_ids)
         )
-        await asyncio.gather(
-            *(self._watch_topic(name) for name in await self._zk.get_children(znodes.TOPICS))
-        )
+        await self._zk.watch_children(znodes.ISR_CHANGE_NOTIFICATION, self._on_notifications)
+        names = await self._zk.get_children(znodes.TOPICS)
+        for name in names:
+            self._topic_watches.setdefault(name, _TopicWatches())
+        await asyncio.gather(*(self._watch_topic(name) for name in names))
         await self._zk.watch_children(
             znodes.TOPICS, self._guarded_children(znodes.TOPICS, self._on_topic_names)
         )
+        # Every partition state, pipelined, before the broker serves; then the notifications'.
+        await self._sync_states()
+        self._spawn(self._follow_states(), "follow partition states")
         log.info(
             "connected to ZooKeeper",
             extra={
@@ -303,6 +324,13 @@ class ZkControlPlane:
     def _on_session(self, state: str) -> None:
         if self._closing:
             return  # closing the session reports it lost too; that is no expiry
+        if state in (SessionState.SUSPENDED, SessionState.EXPIRED):
+            self._disconnected = True
+        elif state == SessionState.CONNECTED and self._disconnected:
+            # Notifications may have been missed (and purged) meanwhile: read every state again.
+            self._disconnected = False
+            self._reread_all = True
+            self._sync_needed.set()
         if state == SessionState.EXPIRED:
             log.warning("ZooKeeper session expired", extra={"broker": self.node_id})
             self._session_expired = True
@@ -494,12 +522,14 @@ class ZkControlPlane:
         for gone in set(self._topic_watches) - names:
             self._forget_topic(gone)
         for new in names - set(self._topic_watches):
+            self._topic_watches[new] = _TopicWatches()
             self._spawn(self._watch_topic(new), f"watch topic {new}")
 
     async def _watch_topic(self, name: str) -> None:
-        if name in self._topic_watches:
+        """Arm the topic's data and config watches (its entry in ``_topic_watches`` is made)."""
+        watches = self._topic_watches.get(name)
+        if watches is None or watches.watches:
             return
-        watches = self._topic_watches[name] = _TopicWatches()
         topic_path = znodes.topic_path(name)
         config_path = znodes.topic_config_path(name)
         topic_watch = await self.zk.watch_data(
@@ -514,7 +544,6 @@ class ZkControlPlane:
             config_watch.cancel()
             return
         watches.watches += [topic_watch, config_watch]
-        await asyncio.gather(*self._loading.pop(name, []))
 
     def _on_topic_data(self, name: str, data: bytes | None, stat: ZnodeStat | None) -> None:
         watches = self._topic_watches.get(name)
@@ -545,41 +574,138 @@ class ZkControlPlane:
             # the hosted logs (named by the old id) stay as they are.
             self._skip_unreadable(path, f"topic_id changed from {known.topic_id} without a deletion")
             return
+        withheld = known is None and path in self._unreadable
         self._readable(path)
+        if recreated:
+            # States read before this topic's znode was created belong to its predecessor.
+            for key in [k for k, v in self._states.items() if k[0] == name and v[2] < stat.czxid]:
+                del self._states[key]
         self._topics[name] = topic
         self._topic_czxids[name] = stat.czxid
-        for partition in topic.partitions:
-            if partition not in watches.partitions:
-                watches.partitions[partition] = Watch()  # a placeholder until the watch is armed
-                task = self._spawn(self._watch_state(name, partition), f"watch {name}-{partition}")
-                if not watches.watches:  # _watch_topic has yet to wait for the first states
-                    self._loading.setdefault(name, []).append(task)
+        if withheld or recreated:
+            # Its states were written while it was not read (the start's read skipped it).
+            self._want({(name, p) for p in topic.partitions if (name, p) not in self._states})
         self._rebuild(name)
 
-    async def _watch_state(self, name: str, partition: int) -> None:
-        path = znodes.partition_state_path(name, partition)
+    # -- partition states: change notifications and pipelined reads ----------------------------
 
-        def on_state(data: bytes | None, stat: ZnodeStat | None) -> None:
-            if data is None or stat is None:
-                self._states.pop((name, partition), None)
-            else:
-                try:
-                    state = znodes.LeaderAndIsr.decode(data)
-                except znodes.MALFORMED as e:
-                    self._skip_unreadable(path, repr(e))
-                    return  # the last state read stays
-                self._states[(name, partition)] = (state, stat.version)
+    def _on_notifications(self, children: list[str]) -> None:
+        self._notifications = children
+        self._sync_needed.set()
+
+    def _want(self, keys: set[tuple[str, int]]) -> None:
+        if keys:
+            self._wanted |= keys
+            self._sync_needed.set()
+
+    async def _follow_states(self) -> None:
+        """Read what the notifications (and re-reads) ask for, one pass at a time, for as long as
+        the broker runs; a failed pass (ZooKeeper unreachable) is retried with backoff."""
+        backoff = RETRY_BACKOFF_MIN_S
+        while not self._closing:
+            await self._sync_needed.wait()
+            self._sync_needed.clear()
+            try:
+                await self._sync_states()
+                backoff = RETRY_BACKOFF_MIN_S
+            except Exception as e:
+                if self._closing:
+                    return
+                log.warning(
+                    "reading partition states failed; retrying",
+                    extra={"error": repr(e), "retry_s": backoff},
+                )
+                self._sync_needed.set()
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, RETRY_BACKOFF_MAX_S)
+
+    async def _sync_states(self) -> None:
+        """One pass: the partitions named by notifications newer than the last one processed (in
+        sequence order), or every partition of every topic when a re-read is due, read pipelined
+        and applied to the image topic by topic. Nothing is marked done unless the pass succeeds."""
+        reread_all = self._reread_all
+        self._reread_all = False
+        wanted, self._wanted = self._wanted, set()
+        try:
+            seen = self._notification_seen
+            fresh = sorted(
+                c for c in self._notifications if c.startswith(znodes.ISR_CHANGE_PREFIX) and c > seen
+            )
+            keys = set(wanted)
+            if reread_all:
+                # The notifications listed are older than this read: it covers them.
+                keys |= {(n, p) for n, topic in self._topics.items() for p in topic.partitions}
+            elif fresh:
+                keys |= await self._notified_partitions(fresh)
+            await self._read_states(keys)
+        except BaseException:
+            self._reread_all = self._reread_all or reread_all
+            self._wanted |= wanted
+            raise
+        if fresh:
+            self._notification_seen = max(seen, fresh[-1])
+
+    async def _notified_partitions(self, notifications: list[str]) -> set[tuple[str, int]]:
+        paths = [f"{znodes.ISR_CHANGE_NOTIFICATION}/{c}" for c in notifications]
+        keys: set[tuple[str, int]] = set()
+        for path, found in zip(paths, await self.zk.get_many(paths), strict=True):
+            if found is None:
+                # Purged before it was read (the controller deletes them after a while): what
+                # it named is unknown, so every state is read again.
+                self._reread_all = True
+                self._sync_needed.set()
+                continue
+            try:
+                partitions = znodes.decode_partition_list(found[0])
+            except znodes.MALFORMED as e:
+                self._skip_unreadable(path, repr(e))
+                continue
+            keys.update(
+                (topic, partition)
+                for topic, partition in partitions
+                if _TOPIC_NAME.fullmatch(topic) and 0 <= partition <= _MAX_PARTITION
+            )
+        return keys
+
+    async def _read_states(self, keys: set[tuple[str, int]]) -> None:
+        """Read the state znodes of ``keys`` in one pipeline and update the image of each topic
+        for the partitions whose state changed."""
+        if not keys:
+            return
+        ordered = sorted(keys)
+        results = await self.zk.get_many([znodes.partition_state_path(t, p) for t, p in ordered])
+        changed: dict[str, set[int]] = {}
+        for (topic, partition), found in zip(ordered, results, strict=True):
+            if found is None:
+                continue  # not created yet (its creation is announced), or its topic is being deleted
+            data, stat = found
+            path = znodes.partition_state_path(topic, partition)
+            try:
+                state = znodes.LeaderAndIsr.decode(data)
+            except znodes.MALFORMED as e:
+                self._skip_unreadable(path, repr(e))
+                continue  # the last state read stays
             self._readable(path)
-            self._rebuild(name)
+            if self._put_state(topic, partition, state, stat):
+                changed.setdefault(topic, set()).add(partition)
+        # Every topic's image is updated (and its broker told) even if telling one fails; a topic
+        # whose broker was not told is told again by the retried pass.
+        failure: Exception | None = None
+        for topic in [*changed, *(self._untold - changed.keys())]:
+            try:
+                self._update_partitions(topic, changed.get(topic, set()))
+            except Exception as e:
+                failure = e
+        if failure is not None:
+            raise failure
 
-        watches = self._topic_watches.get(name)
-        placeholder = watches.partitions.get(partition) if watches is not None else None
-        watch = await self.zk.watch_data(path, self._guarded_data(path, on_state))
-        current = self._topic_watches.get(name)
-        if current is watches and current is not None and current.partitions.get(partition) is placeholder:
-            current.partitions[partition] = watch
-        else:
-            watch.cancel()
+    def _put_state(self, topic: str, partition: int, state: znodes.LeaderAndIsr, stat: ZnodeStat) -> bool:
+        """Keep ``state`` unless a newer one was read already; whether it is new."""
+        current = self._states.get((topic, partition))
+        if current is not None and current[2] >= stat.mzxid:
+            return False
+        self._states[(topic, partition)] = (state, stat.version, stat.mzxid)
+        return True
 
     def _on_topic_config(self, name: str, data: bytes | None) -> None:
         if name not in self._topic_watches:
@@ -618,7 +744,6 @@ class ZkControlPlane:
             self._unreadable.pop(znodes.topic_path(name), None)
         self._topics.pop(name, None)
         self._topic_czxids.pop(name, None)
-        self._loading.pop(name, None)
         for key in [k for k in self._states if k[0] == name]:
             del self._states[key]
         self._rebuild(name)
@@ -638,18 +763,48 @@ class ZkControlPlane:
                         PartitionState(p, -1, NO_STATE_EPOCH, list(replicas), [], NO_STATE_EPOCH)
                     )
                 else:
-                    lai, version = state
-                    partitions.append(
-                        PartitionState(
-                            p, lai.leader, lai.leader_epoch, list(replicas), list(lai.isr), version
-                        )
-                    )
+                    partitions.append(self._partition_state(name, p, replicas))
             topic = TopicState(name, znode.topic_id, partitions, dict(self._configs.get(name, {})))
             previous = self.image.topic(name)
             if previous is not None and previous.topic_id != topic.topic_id:
                 self.image.remove(name)
             changed = previous != topic
             self.image.put(topic)
+        self._tell(name, changed)
+
+    def _partition_state(self, name: str, partition: int, replicas: list[int]) -> PartitionState:
+        lai, version, _ = self._states[(name, partition)]
+        return PartitionState(partition, lai.leader, lai.leader_epoch, list(replicas), list(lai.isr), version)
+
+    def _update_partitions(self, name: str, partitions: set[int]) -> None:
+        """The image's entry of ``name`` with only ``partitions`` made anew (a state change of a few
+        partitions of a large topic costs what they cost, not the whole topic's rebuild)."""
+        znode = self._topics.get(name)
+        previous = self.image.topic(name)
+        if (
+            znode is None
+            or previous is None
+            or previous.topic_id != znode.topic_id
+            or len(previous.partitions) != len(znode.partitions)
+        ):
+            self._rebuild(name)
+            return
+        updated = list(previous.partitions)
+        changed = False
+        for p in partitions:
+            replicas = znode.partitions.get(p)
+            if replicas is None or updated[p].partition != p:
+                continue  # not (yet) a partition of the topic as read
+            state = self._partition_state(name, p, replicas)
+            if state != updated[p]:
+                updated[p] = state
+                changed = True
+        if changed:
+            # A new TopicState: the broker compares the one it applied with the image's.
+            self.image.put(dataclasses.replace(previous, partitions=updated))
+        self._tell(name, changed)
+
+    def _tell(self, name: str, changed: bool) -> None:
         if changed or name in self._untold:
             self.signal_change()
             # Until the broker has been told (its callback may raise), a re-read tells it again.
@@ -690,16 +845,21 @@ class ZkControlPlane:
             controller_epoch=previous.controller_epoch if previous is not None else 0,
             leader_recovery_state=previous.leader_recovery_state if previous is not None else 0,
         )
+        # The write and its change notification in one multi-op: every broker learns of it.
+        notification = Create(
+            f"{znodes.ISR_CHANGE_NOTIFICATION}/{znodes.ISR_CHANGE_PREFIX}",
+            znodes.encode_partition_list([(topic, state.partition)]),
+            sequence=True,
+        )
+        path = znodes.partition_state_path(topic, state.partition)
         try:
-            stat = await self.zk.set(
-                znodes.partition_state_path(topic, state.partition), data.encode(), state.partition_epoch
-            )
-        except (BadVersionError, NoNodeError):
-            return None
-        current = self._states.get((topic, state.partition))
-        if current is None or current[1] < stat.version:
-            self._states[(topic, state.partition)] = (data, stat.version)
-            self._rebuild(topic)
+            stat, _ = await self.zk.multi([SetData(path, data.encode(), state.partition_epoch), notification])
+        except MultiOpFailed as e:
+            if isinstance(e.cause, (BadVersionError, NoNodeError)):
+                return None
+            raise
+        if self._put_state(topic, state.partition, data, stat):
+            self._update_partitions(topic, {state.partition})
         return dataclasses.replace(state, isr=list(state.isr), partition_epoch=stat.version)
 
     # -- admin writes (Kafka's AdminZkClient) --------------------------------------------------
