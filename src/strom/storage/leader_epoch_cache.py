@@ -88,7 +88,9 @@ class LeaderEpochFileCache:
             )
         elif removed:
             # Older epochs without a record (a leadership that appended nothing): nothing conflicts.
-            log.debug("leader epoch %d at offset %d replaced %d empty epochs", epoch, start_offset, len(removed))
+            log.debug(
+                "leader epoch %d at offset %d replaced %d empty epochs", epoch, start_offset, len(removed)
+            )
 
     def rebuild(self, first_offsets: Iterable[tuple[int, int]]) -> None:
         """Replace the entries from (epoch, base offset) of every batch, in log order; writes the file."""
