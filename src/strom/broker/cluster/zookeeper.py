@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import re
 import time
@@ -63,6 +64,8 @@ NO_STATE_EPOCH = -1
 # Re-registration after a session expiry, and re-reads after a failed watch callback: backoff.
 RETRY_BACKOFF_MIN_S = 0.2
 RETRY_BACKOFF_MAX_S = 10.0
+# ISR changes written in one multi-op at most (well under ZooKeeper's 1 MiB jute.maxbuffer).
+ISR_CHANGES_PER_WRITE = 500
 
 
 class InconsistentClusterIdError(RuntimeError):
@@ -170,6 +173,12 @@ class ZkControlPlane:
         self._reread_all = True
         self._disconnected = False
         self._sync_needed = asyncio.Event()
+        # The leaders' ISR changes waiting to be written (one multi-op for those queued meanwhile).
+        self._isr_changes: dict[
+            tuple[str, int],
+            tuple[PartitionState, znodes.LeaderAndIsr, asyncio.Future[PartitionState | None]],
+        ] = {}
+        self._isr_writer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._registration: bytes | None = None
@@ -836,6 +845,8 @@ class ZkControlPlane:
     # -- ClusterLink: the leader's ISR changes -------------------------------------------------
 
     async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:
+        """Queue the ISR change; the changes queued meanwhile are written together (as Kafka's
+        AlterPartitionManager sends one request for all of them), each fenced by its version."""
         cached = self._states.get((topic, state.partition))
         previous = cached[0] if cached is not None else None
         data = znodes.LeaderAndIsr(
@@ -845,22 +856,74 @@ class ZkControlPlane:
             controller_epoch=previous.controller_epoch if previous is not None else 0,
             leader_recovery_state=previous.leader_recovery_state if previous is not None else 0,
         )
-        # The write and its change notification in one multi-op: every broker learns of it.
-        notification = Create(
-            f"{znodes.ISR_CHANGE_NOTIFICATION}/{znodes.ISR_CHANGE_PREFIX}",
-            znodes.encode_partition_list([(topic, state.partition)]),
-            sequence=True,
-        )
-        path = znodes.partition_state_path(topic, state.partition)
-        try:
-            stat, _ = await self.zk.multi([SetData(path, data.encode(), state.partition_epoch), notification])
-        except MultiOpFailed as e:
-            if isinstance(e.cause, (BadVersionError, NoNodeError)):
-                return None
-            raise
-        if self._put_state(topic, state.partition, data, stat):
-            self._update_partitions(topic, {state.partition})
-        return dataclasses.replace(state, isr=list(state.isr), partition_epoch=stat.version)
+        future: asyncio.Future[PartitionState | None] = asyncio.get_running_loop().create_future()
+        # The replica manager has one change in flight per partition: the key is free.
+        self._isr_changes[(topic, state.partition)] = (state, data, future)
+        if self._isr_writer is None or self._isr_writer.done():
+            self._isr_writer = self._spawn(self._write_isr_changes(), "write ISR changes")
+        return await future
+
+    async def _write_isr_changes(self) -> None:
+        while self._isr_changes:
+            keys = list(itertools.islice(self._isr_changes, ISR_CHANGES_PER_WRITE))
+            batch = {k: self._isr_changes.pop(k) for k in keys}
+            try:
+                await self._write_isr_batch(batch)
+            except Exception as e:
+                for _, _, future in batch.values():
+                    if not future.done():
+                        future.set_exception(e)
+
+    async def _write_isr_batch(
+        self,
+        batch: dict[
+            tuple[str, int], tuple[PartitionState, znodes.LeaderAndIsr, asyncio.Future[PartitionState | None]]
+        ],
+    ) -> None:
+        """One multi-op of every state in ``batch`` and its change notification; a state whose
+        version no longer matches (a newer state is on its way) is answered None and the rest
+        written again without it."""
+        while True:
+            for key in [k for k, (_, _, future) in batch.items() if future.done()]:
+                del batch[key]  # its caller gave up
+            if not batch:
+                return
+            keys = list(batch)
+            ops: list[SetData | Create] = [
+                SetData(
+                    znodes.partition_state_path(t, p),
+                    batch[(t, p)][1].encode(),
+                    batch[(t, p)][0].partition_epoch,
+                )
+                for t, p in keys
+            ]
+            # The writes and their change notification in one multi-op: every broker learns of them.
+            ops.append(
+                Create(
+                    f"{znodes.ISR_CHANGE_NOTIFICATION}/{znodes.ISR_CHANGE_PREFIX}",
+                    znodes.encode_partition_list(keys),
+                    sequence=True,
+                )
+            )
+            try:
+                results = await self.zk.multi(ops)
+            except MultiOpFailed as e:
+                if e.index < len(keys) and isinstance(e.cause, (BadVersionError, NoNodeError)):
+                    batch.pop(keys[e.index])[2].set_result(None)
+                    continue
+                raise
+            changed: dict[str, set[int]] = {}
+            for (topic, partition), stat in zip(keys, results, strict=False):
+                state, data, future = batch[(topic, partition)]
+                if self._put_state(topic, partition, data, stat):
+                    changed.setdefault(topic, set()).add(partition)
+                if not future.done():
+                    future.set_result(
+                        dataclasses.replace(state, isr=list(state.isr), partition_epoch=stat.version)
+                    )
+            for topic, partitions in changed.items():
+                self._update_partitions(topic, partitions)
+            return
 
     # -- admin writes (Kafka's AdminZkClient) --------------------------------------------------
 
