@@ -87,6 +87,8 @@ class FetchResult:
     diverging_epoch: tuple[int, int] | None = None
 
 
+# Partition states applied per step of a leadership change (their new logs created together).
+LEADERSHIPS_PER_STEP = 500
 # A registered host name is resolved again when a fetch does not match it after this long.
 HOST_RESOLUTION_TTL_S = 60.0
 # Refused replica fetches are logged as warnings at most this often (the rest at debug).
@@ -337,10 +339,11 @@ class ReplicaManager:
         return self.cluster.peer_endpoint(broker_id) if self.cluster is not None else None
 
     async def become_leader_or_follower(self, topic: TopicState, states: list[PartitionState]) -> None:
-        """Kafka's becomeLeaderOrFollower for partitions of ``topic``, all in one pass: host the
-        replicas not hosted yet (their logs created together, off the loop), then makeLeaders and
-        makeFollowers for the batch. A state not newer than the one applied, by (leader epoch,
-        partition epoch), or of a partition with no replica here, is ignored."""
+        """Kafka's becomeLeaderOrFollower for partitions of ``topic``, in steps of up to
+        LEADERSHIPS_PER_STEP partitions: host the replicas not hosted yet (their logs created
+        together, off the loop), then makeFollowers and makeLeaders for the step. A state not newer
+        than the one applied, by (leader epoch, partition epoch), or of a partition with no replica
+        here, is ignored."""
         async with self._leadership_lock:
             fresh: list[PartitionState] = []
             for state in states:
@@ -358,18 +361,24 @@ class ReplicaManager:
             if not fresh:
                 return
             self._topic_ids[topic.name] = topic.topic_id
-            await self._host(topic, fresh)
-            leaders: list[tuple[Partition, PartitionState]] = []
-            followers: list[tuple[Partition, PartitionState]] = []
-            for state in fresh:
-                tp = TopicPartition(topic.name, state.partition)
-                partition = self._partitions.get(tp)
-                if partition is None:
-                    continue  # offline
-                self._applied[tp] = (state.leader_epoch, state.partition_epoch)
-                (leaders if state.leader == self.node_id else followers).append((partition, state))
-            self._make_followers(followers)
-            await self._make_leaders(leaders)
+            # A step at a time: leaders of the first steps serve while later logs are created, and
+            # a stop (which cancels this) waits for one step's files, not all of them.
+            for first in range(0, len(fresh), LEADERSHIPS_PER_STEP):
+                await self._apply_step(topic, fresh[first : first + LEADERSHIPS_PER_STEP])
+
+    async def _apply_step(self, topic: TopicState, states: list[PartitionState]) -> None:
+        await self._host(topic, states)
+        leaders: list[tuple[Partition, PartitionState]] = []
+        followers: list[tuple[Partition, PartitionState]] = []
+        for state in states:
+            tp = TopicPartition(topic.name, state.partition)
+            partition = self._partitions.get(tp)
+            if partition is None:
+                continue  # offline
+            self._applied[tp] = (state.leader_epoch, state.partition_epoch)
+            (leaders if state.leader == self.node_id else followers).append((partition, state))
+        self._make_followers(followers)
+        await self._make_leaders(leaders)
 
     async def _host(self, topic: TopicState, states: list[PartitionState]) -> None:
         """Open the replicas of ``states`` not hosted yet, creating the missing logs together off the
@@ -385,9 +394,9 @@ class ReplicaManager:
         loop = asyncio.get_running_loop()
         missing = [s for s in unhosted if self.log_manager.get_log(topic.name, s.partition) is None]
         if missing:
-            config = self._config_for(topic)
             try:
                 dirs = self.log_manager.assign_log_dirs(len(missing))
+                config = self._config_for(topic)
                 specs = [
                     NewLog(
                         log_dir,
@@ -404,7 +413,11 @@ class ReplicaManager:
             except KafkaStorageError as exc:
                 log.warning(
                     "partitions are offline",
-                    extra={"topic": topic.name, "partitions": len(missing), "error": str(exc)},
+                    extra={
+                        "topic": topic.name,
+                        "partitions": partition_ranges([s.partition for s in missing]),
+                        "error": str(exc),
+                    },
                 )
                 self._offline_partitions.update(TopicPartition(topic.name, s.partition) for s in missing)
         if self._checkpointed_high_watermarks is None:
