@@ -909,7 +909,9 @@ class ZkControlPlane:
                 results = await self.zk.multi(ops)
             except MultiOpFailed as e:
                 if e.index < len(keys) and isinstance(e.cause, (BadVersionError, NoNodeError)):
-                    batch.pop(keys[e.index])[2].set_result(None)
+                    refused = batch.pop(keys[e.index])[2]
+                    if not refused.done():
+                        refused.set_result(None)
                     continue
                 raise
             changed: dict[str, set[int]] = {}
