@@ -3,7 +3,9 @@
 ``ZkControlPlane`` connects the broker to ZooKeeper, makes sure the cluster id there matches the
 one in its log dirs' meta.properties, registers the broker (ephemeral ``/brokers/ids/N``), and
 watches what the cluster's metadata is made of: the live brokers, the controller, every topic's
-assignment, every partition's state znode and every topic's config. From them it keeps a
+assignment and config, and /isr_change_notification, whose notifications name the partition
+states written (every state is read, pipelined, at start and after any disconnection; then only
+the notified ones). From them it keeps a
 ``MetadataImage`` (the same class the single-node control plane keeps), whose
 ``PartitionState.partition_epoch`` is the version of the partition's state znode, and tells the
 broker which topic changed. The broker applies those changes (see BrokerServer).
@@ -11,7 +13,8 @@ broker which topic changed. The broker applies those changes (see BrokerServer).
 It also makes the writes a broker makes in Kafka's ZooKeeper mode: topics (assignment and config
 in one multi-op), partitions, topic deletion requests, topic configs with their change
 notification, producer id blocks, and, for the replication layer (``ClusterLink``), the leader's
-conditional write of a partition's ISR. Everything ZooKeeper does happens off the event loop
+conditional write of a partition's ISR (those queued meanwhile in one multi-op, with their
+notification). Everything ZooKeeper does happens off the event loop
 (AsyncZooKeeper); the watch callbacks run on the loop.
 
 A znode it cannot read (not JSON, a field missing, a topic config Kafka's validators refuse, a
