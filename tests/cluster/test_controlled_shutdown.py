@@ -49,6 +49,12 @@ def test_sigterm_moves_leadership_before_the_broker_exits(cluster: Cluster) -> N
     leaving_log = cluster.broker(leaving).log_path.read_text(errors="replace").splitlines()
     stopped = max(i for i, line in enumerate(leaving_log) if "broker stopped" in line)
     followed = [
-        i for i, line in enumerate(leaving_log) if "became follower" in line and f"partition={TOPIC}-" in line
+        i for i, line in enumerate(leaving_log) if "became follower" in line and f"topic={TOPIC} " in line
     ]
-    assert len(followed) >= 2 and max(followed) < stopped
+    # One line per batch of partitions ("partitions=0-1", or one line each).
+    assert followed and max(followed) < stopped
+    assert {
+        p
+        for i in followed
+        for p in re.findall(r"partitions=(\S+)", leaving_log[i])[0].replace("-", ",").split(",")
+    } == {"0", "1"}

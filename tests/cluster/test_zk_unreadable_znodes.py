@@ -106,13 +106,33 @@ def state_json(leader_epoch: int) -> bytes:
     return znodes.LeaderAndIsr(NODE_ID, leader_epoch, [NODE_ID], 1).encode()
 
 
+def write_state(zk: KazooClient, topic: str, partition: int, data: bytes, *, create: bool = False) -> None:
+    """Write a partition state as the controller and leaders do: with its change notification."""
+    path = znodes.partition_state_path(topic, partition)
+    zk.ensure_path(znodes.ISR_CHANGE_NOTIFICATION)
+    if create:
+        zk.ensure_path(znodes.partition_path(topic, partition))
+    transaction = zk.transaction()
+    if create:
+        transaction.create(path, data)
+    else:
+        transaction.set_data(path, data)
+    transaction.create(
+        f"{znodes.ISR_CHANGE_NOTIFICATION}/{znodes.ISR_CHANGE_PREFIX}",
+        znodes.encode_partition_list([(topic, partition)]),
+        sequence=True,
+    )
+    results = transaction.commit()
+    assert not any(isinstance(r, Exception) for r in results), results
+
+
 def create_topic(zk: KazooClient, name: str, topic_id: uuid.UUID | None, config: dict[str, Any]) -> None:
     zk.create(
         znodes.topic_config_path(name), json.dumps({"version": 1, "config": config}).encode(), makepath=True
     )
     zk.create(znodes.topic_path(name), topic_json(topic_id), makepath=True)
     for p in range(2):
-        zk.create(znodes.partition_state_path(name, p), state_json(0), makepath=True)
+        write_state(zk, name, p, state_json(0), create=True)
 
 
 def test_garbage_in_a_known_topics_znodes_changes_nothing(
@@ -150,7 +170,10 @@ def test_garbage_in_a_known_topics_znodes_changes_nothing(
             znodes.partition_state_path("known", 0): b'{"leader": "x"}',
         }
         for path, data in garbage.items():
-            zk.set(path, data)
+            if path == znodes.partition_state_path("known", 0):
+                write_state(zk, "known", 0, data)
+            else:
+                zk.set(path, data)
         zk.set(znodes.topic_config_path("known"), b"{}}")
         await until(
             lambda: all("Error" in plane.unreadable_znodes().get(path, "") for path in garbage),
@@ -172,7 +195,7 @@ def test_garbage_in_a_known_topics_znodes_changes_nothing(
             znodes.topic_config_path("known"),
             json.dumps({"version": 1, "config": {"retention.ms": "5"}}).encode(),
         )
-        zk.set(znodes.partition_state_path("known", 0), state_json(3))
+        write_state(zk, "known", 0, state_json(3))
         await until(
             lambda: (
                 (t := plane.image.topic("known")) is not None
@@ -239,13 +262,13 @@ def test_a_failing_watch_callback_is_re_read_until_the_topic_converges(
         # Applying the next change fails once; nothing else changes afterwards.
         broker.fail_next.add("flaky")
         told = len(broker.told)
-        zk.set(znodes.partition_state_path("flaky", 1), state_json(5))
+        write_state(zk, "flaky", 1, state_json(5))
         await until(lambda: len(broker.told) > told, "the broker is told of the new state after the failure")
         topic = plane.image.topic("flaky")
         assert topic is not None and topic.partitions[1].leader_epoch == 5
         # Later changes flow as before.
         told = len(broker.told)
-        zk.set(znodes.partition_state_path("flaky", 0), state_json(6))
+        write_state(zk, "flaky", 0, state_json(6))
         await until(lambda: len(broker.told) > told, "the broker is told of a later state")
 
     run(zookeeper, tmp_path, scenario)
@@ -295,8 +318,8 @@ def test_a_deleted_topic_leaves_nothing_behind(
         topic_id = plane.image.topic(names[0]).topic_id  # type: ignore[union-attr]
         zk.set(znodes.topic_path(names[0]), topic_json(topic_id, partitions=4))
         for p in (2, 3):
-            zk.create(znodes.partition_state_path(names[0], p), state_json(0), makepath=True)
-        zk.set(znodes.partition_state_path(names[1], 0), b"garbage")
+            write_state(zk, names[0], p, state_json(0), create=True)
+        write_state(zk, names[1], 0, b"garbage")
         await until(
             lambda: (
                 len(plane.image.topic(names[0]).partitions) == 4  # type: ignore[union-attr]
@@ -315,7 +338,6 @@ def test_a_deleted_topic_leaves_nothing_behind(
             "configs": [n for n in plane._configs if n in names],
             "states": [k for k in plane._states if k[0] in names],
             "watches": [n for n in plane._topic_watches if n in names],
-            "loading": [n for n in plane._loading if n in names],
             "unreadable": [p for p in plane.unreadable_znodes() if any(n in p for n in names)],
         }
         assert kept == {k: [] for k in kept}

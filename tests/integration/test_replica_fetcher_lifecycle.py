@@ -74,7 +74,7 @@ class Plane:
         server.control_plane.image.put(self.topic)
         self.brokers[node_id] = server
         for state in self.states.values():
-            await server.replica_manager.apply_partition_state(self.topic, state)
+            await server.replica_manager.become_leader_or_follower(self.topic, [state])
         return server
 
     async def stop_all(self) -> None:
@@ -87,7 +87,7 @@ class Plane:
         self.states[state.partition] = state
         topic = self.topic
         for server in list(self.brokers.values()):
-            await server.replica_manager.apply_partition_state(topic, state)
+            await server.replica_manager.become_leader_or_follower(topic, [state])
 
     async def elect(self, partition: int, leader: int) -> None:
         old = self.states[partition]

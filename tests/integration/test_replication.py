@@ -77,7 +77,7 @@ class MiniControlPlane:
         await server.replica_manager.start()
         server.control_plane.image.put(self.topic)
         self.brokers[node_id] = server
-        await server.replica_manager.apply_partition_state(self.topic, self.state)
+        await server.replica_manager.become_leader_or_follower(self.topic, [self.state])
         return server
 
     async def stop(self, node_id: int) -> None:
@@ -90,7 +90,7 @@ class MiniControlPlane:
         self.state = state
         await asyncio.gather(
             *(
-                server.replica_manager.apply_partition_state(self.topic, state)
+                server.replica_manager.become_leader_or_follower(self.topic, [state])
                 for node_id, server in self.brokers.items()
                 if node_id not in self.deaf
             )

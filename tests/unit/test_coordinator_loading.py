@@ -34,7 +34,7 @@ def offsets_manager(tmp_path: Path) -> tuple[LogManager, ReplicaManager, GroupMe
     log_manager = LogManager([tmp_path / "logs"])
     log_manager.startup(lambda _: LogConfig())
     replica_manager = ReplicaManager(log_manager, lambda topic: LogConfig(cleanup_policy="compact"))
-    replica_manager.become_leader(
+    replica_manager.lead_on_single_node(
         TopicState("__consumer_offsets", uuid.UUID(int=1), [PartitionState(0, 0, 0, [0], [0])])
     )
     partition = replica_manager.partition(OFFSETS_TP)

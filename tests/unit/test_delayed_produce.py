@@ -19,7 +19,7 @@ def test_timed_out_produces_leave_no_waiter(tmp_path: Path) -> None:
         manager = make_manager(tmp_path, Clock(), link)
         state = PartitionState(0, 1, 0, [1, 2, 3], [1, 2, 3])
         link.states[("t", 0)] = state
-        await manager.apply_partition_state(topic_state(state), state)
+        await manager.become_leader_or_follower(topic_state(state), [state])
         partition = manager.partition(TP)
         assert partition is not None
         # Brokers 2 and 3 never fetch: the HW stays at 0 and each acks=all produce times out.

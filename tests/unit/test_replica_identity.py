@@ -65,7 +65,7 @@ def test_only_a_live_broker_rejoins_the_isr(tmp_path: Path) -> None:
         manager = make_manager(tmp_path, clock, link)
         state = PartitionState(0, 1, 0, [1, 2, 3], [1])
         link.states[("t", 0)] = state
-        await manager.apply_partition_state(topic_state(state), state)
+        await manager.become_leader_or_follower(topic_state(state), [state])
         partition = manager.partition(TP)
         assert partition is not None and partition.isr == [1]
         assert (await manager.append(1, [(TP, make_batch(2))]))[TP].error == 0

@@ -225,7 +225,7 @@ def test_acks_all_waits_for_the_isr(tmp_path: Path) -> None:
         manager = make_manager(tmp_path, clock, link)
         state = PartitionState(0, 1, 0, [1, 2, 3], [1, 2, 3])
         link.states[("t", 0)] = state
-        await manager.apply_partition_state(topic_state(state), state)
+        await manager.become_leader_or_follower(topic_state(state), [state])
         partition = manager.partition(TP)
         assert partition is not None and partition.is_leader
 
@@ -247,14 +247,14 @@ def test_acks_all_waits_for_the_isr(tmp_path: Path) -> None:
         produce = asyncio.ensure_future(manager.append(-1, [(TP, make_batch(1))], timeout_ms=5000))
         await asyncio.sleep(0.01)
         newer = PartitionState(0, 2, 1, [1, 2, 3], [1, 2, 3], partition_epoch=1)
-        await manager.apply_partition_state(topic_state(newer), newer)
+        await manager.become_leader_or_follower(topic_state(newer), [newer])
         assert (await produce)[TP].error == ErrorCode.not_leader_or_follower
         assert not partition.is_leader
         assert manager.leader_hint(TP) == (2, 1)
         # A produce on a follower is refused at once.
         assert (await manager.append(1, [(TP, make_batch(1))]))[TP].error == ErrorCode.not_leader_or_follower
         # A stale state (older epoch) is ignored.
-        await manager.apply_partition_state(topic_state(state), state)
+        await manager.become_leader_or_follower(topic_state(state), [state])
         assert not partition.is_leader
         await manager.shutdown()
         manager.log_manager.shutdown()
@@ -268,7 +268,7 @@ def test_isr_shrinks_through_the_link_and_min_insync_refuses_acks_all(tmp_path: 
         manager = make_manager(tmp_path, clock, link)
         state = PartitionState(0, 1, 0, [1, 2, 3], [1, 2, 3])
         link.states[("t", 0)] = state
-        await manager.apply_partition_state(topic_state(state), state)
+        await manager.become_leader_or_follower(topic_state(state), [state])
         partition = manager.partition(TP)
         assert partition is not None
         waiting = asyncio.ensure_future(manager.append(-1, [(TP, make_batch(2))], timeout_ms=5000))
@@ -286,7 +286,7 @@ def test_isr_shrinks_through_the_link_and_min_insync_refuses_acks_all(tmp_path: 
         # Without broker 3 in the ISR the HW moved to broker 2's LEO: the produce completes.
         assert (await asyncio.wait_for(waiting, 1))[TP].error == ErrorCode.none
         # The watch then delivers the same state: not newer, ignored.
-        await manager.apply_partition_state(topic_state(link.states[("t", 0)]), link.states[("t", 0)])
+        await manager.become_leader_or_follower(topic_state(link.states[("t", 0)]), [link.states[("t", 0)]])
         assert partition.isr == [1, 2]
 
         # Broker 2 stops fetching while records arrive: the ISR falls below min.insync.replicas = 2.
@@ -321,7 +321,7 @@ def test_refused_isr_change_waits_for_the_newer_state(tmp_path: Path) -> None:
         state = PartitionState(0, 1, 0, [1, 2, 3], [1, 2, 3])
         # The controller changed the state meanwhile (version 5): our write is refused.
         link.states[("t", 0)] = PartitionState(0, 1, 0, [1, 2, 3], [1, 2, 3], partition_epoch=5)
-        await manager.apply_partition_state(topic_state(state), state)
+        await manager.become_leader_or_follower(topic_state(state), [state])
         partition = manager.partition(TP)
         assert partition is not None
         clock.now += LAG_MS + 1
@@ -329,7 +329,7 @@ def test_refused_isr_change_waits_for_the_newer_state(tmp_path: Path) -> None:
         await asyncio.sleep(0.01)
         assert partition.isr == [1, 2, 3] and partition.pending_isr is None
         newer = link.states[("t", 0)]
-        await manager.apply_partition_state(topic_state(newer), newer)
+        await manager.become_leader_or_follower(topic_state(newer), [newer])
         manager._shrink_isrs()
         await asyncio.sleep(0.01)
         assert partition.isr == [1] and partition.partition_epoch == 6

@@ -87,6 +87,8 @@ class FetchResult:
     diverging_epoch: tuple[int, int] | None = None
 
 
+# Partition states applied per step of a leadership change (their new logs created together).
+LEADERSHIPS_PER_STEP = 500
 # A registered host name is resolved again when a fetch does not match it after this long.
 HOST_RESOLUTION_TTL_S = 60.0
 # Refused replica fetches are logged as warnings at most this often (the rest at debug).
@@ -102,6 +104,18 @@ def normalized_address(host: str) -> str | None:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return str(address.ipv4_mapped)
     return str(address)
+
+
+def partition_ranges(partitions: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as "0-2,5": a batch of thousands of partitions in one short log field."""
+    ranges: list[str] = []
+    ordered = sorted(partitions)
+    start = 0
+    for i, p in enumerate(ordered):
+        if i + 1 == len(ordered) or ordered[i + 1] != p + 1:
+            ranges.append(f"{ordered[start]}-{p}" if i > start else str(p))
+            start = i + 1
+    return ",".join(ranges)
 
 
 def error_code_of(exc: BaseException) -> ErrorCode:
@@ -133,7 +147,8 @@ class ReplicaManager:
         self._fetch_waiters: dict[TopicPartition, list[asyncio.Future[None]]] = defaultdict(list)
         # Cluster mode: the (leader epoch, partition epoch) applied per partition, older states ignored.
         self._applied: dict[TopicPartition, tuple[int, int]] = {}
-        self._state_locks: dict[TopicPartition, asyncio.Lock] = {}
+        # Held while a batch of partition states is applied (Kafka's replicaStateChangeLock).
+        self._leadership_lock = asyncio.Lock()
         self._topic_ids: dict[str, uuid.UUID] = {}
         self._listeners: list[LeadershipListener] = []
         self._alter_tasks: set[asyncio.Task[None]] = set()
@@ -146,9 +161,9 @@ class ReplicaManager:
 
     # -- leadership ---------------------------------------------------------------------------
 
-    def become_leader(self, topic: TopicState) -> None:
-        """Host every partition of ``topic`` that is not yet hosted, creating missing logs inline
-        (startup, before the broker serves anyone; later changes use ``create_partitions``)."""
+    def lead_on_single_node(self, topic: TopicState) -> None:
+        """A single node: lead every partition of ``topic`` that is not yet hosted, creating missing
+        logs inline (startup, before the broker serves anyone; later changes use ``create_partitions``)."""
         config = self._config_for(topic)
         for state in topic.partitions:
             tp = TopicPartition(topic.name, state.partition)
@@ -182,7 +197,7 @@ class ReplicaManager:
         ]
         logs = await asyncio.get_running_loop().run_in_executor(None, self.log_manager.open_new_logs, specs)
         self.log_manager.register_logs(logs)
-        self.become_leader(topic)
+        self.lead_on_single_node(topic)
 
     def update_config(self, topic: TopicState) -> None:
         config = self._config_for(topic)
@@ -212,9 +227,6 @@ class ReplicaManager:
         for tp in tps:
             self._offline_partitions.discard(tp)
             self._applied.pop(tp, None)
-            lock = self._state_locks.get(tp)
-            if lock is not None and not lock.locked():
-                del self._state_locks[tp]
             partition = self._partitions.pop(tp, None)
             if partition is not None:
                 if partition.is_leader and self.cluster is not None:
@@ -326,125 +338,200 @@ class ReplicaManager:
         """The inter-broker listener of ``broker_id`` (where a replica fetcher connects)."""
         return self.cluster.peer_endpoint(broker_id) if self.cluster is not None else None
 
-    async def apply_partition_state(self, topic: TopicState, state: PartitionState) -> None:
-        """Become leader or follower of ``state``'s partition (Kafka's makeLeaders/makeFollowers);
-        a state not newer than the one applied, by (leader epoch, partition epoch), is ignored."""
-        tp = TopicPartition(topic.name, state.partition)
-        lock = self._state_locks.setdefault(tp, asyncio.Lock())
-        async with lock:
-            applied = self._applied.get(tp)
-            if applied is not None and (state.leader_epoch, state.partition_epoch) <= applied:
-                return
-            if self.node_id not in state.replicas:
-                log.debug(
-                    "ignoring the state of a partition this broker holds no replica of",
-                    extra={"partition": str(tp)},
-                )
+    async def become_leader_or_follower(self, topic: TopicState, states: list[PartitionState]) -> None:
+        """Kafka's becomeLeaderOrFollower for partitions of ``topic``, in steps of up to
+        LEADERSHIPS_PER_STEP partitions: host the replicas not hosted yet (their logs created
+        together, off the loop), then makeFollowers and makeLeaders for the step. A state not newer
+        than the one applied, by (leader epoch, partition epoch), or of a partition with no replica
+        here, is ignored."""
+        async with self._leadership_lock:
+            fresh: list[PartitionState] = []
+            for state in states:
+                tp = TopicPartition(topic.name, state.partition)
+                applied = self._applied.get(tp)
+                if applied is not None and (state.leader_epoch, state.partition_epoch) <= applied:
+                    continue
+                if self.node_id not in state.replicas:
+                    log.debug(
+                        "ignoring the state of a partition this broker holds no replica of",
+                        extra={"partition": str(tp)},
+                    )
+                    continue
+                fresh.append(state)
+            if not fresh:
                 return
             self._topic_ids[topic.name] = topic.topic_id
+            # A step at a time: leaders of the first steps serve while later logs are created, and
+            # a stop (which cancels this) waits for one step's files, not all of them.
+            for first in range(0, len(fresh), LEADERSHIPS_PER_STEP):
+                await self._apply_step(topic, fresh[first : first + LEADERSHIPS_PER_STEP])
+
+    async def _apply_step(self, topic: TopicState, states: list[PartitionState]) -> None:
+        await self._host(topic, states)
+        leaders: list[tuple[Partition, PartitionState]] = []
+        followers: list[tuple[Partition, PartitionState]] = []
+        for state in states:
+            tp = TopicPartition(topic.name, state.partition)
             partition = self._partitions.get(tp)
             if partition is None:
-                partition = await self._host(topic, state)
-                if partition is None:
-                    return
+                continue  # offline
             self._applied[tp] = (state.leader_epoch, state.partition_epoch)
-            if state.leader == self.node_id:
-                await self._become_leader(partition, state)
-            else:
-                self._become_follower(partition, state)
+            (leaders if state.leader == self.node_id else followers).append((partition, state))
+        self._make_followers(followers)
+        await self._make_leaders(leaders)
 
-    async def _host(self, topic: TopicState, state: PartitionState) -> Partition | None:
-        """Open (creating it off the loop if missing) the log of a replica assigned here."""
-        tp = TopicPartition(topic.name, state.partition)
-        if tp in self._offline_partitions:
-            return None
+    async def _host(self, topic: TopicState, states: list[PartitionState]) -> None:
+        """Open the replicas of ``states`` not hosted yet, creating the missing logs together off the
+        loop (a leader's log starts with its epoch written, so making it leader writes nothing)."""
+        unhosted = [
+            s
+            for s in states
+            if (tp := TopicPartition(topic.name, s.partition)) not in self._partitions
+            and tp not in self._offline_partitions
+        ]
+        if not unhosted:
+            return
         loop = asyncio.get_running_loop()
-        try:
-            log_ = self.log_manager.get_log(topic.name, state.partition)
-            if log_ is None:
-                (log_dir,) = self.log_manager.assign_log_dirs(1)
-                spec = NewLog(
-                    log_dir, topic.name, state.partition, self._config_for(topic), topic.topic_id, -1
+        missing = [s for s in unhosted if self.log_manager.get_log(topic.name, s.partition) is None]
+        if missing:
+            try:
+                dirs = self.log_manager.assign_log_dirs(len(missing))
+                config = self._config_for(topic)
+                specs = [
+                    NewLog(
+                        log_dir,
+                        topic.name,
+                        s.partition,
+                        config,
+                        topic.topic_id,
+                        s.leader_epoch if s.leader == self.node_id else -1,
+                    )
+                    for log_dir, s in zip(dirs, missing, strict=True)
+                ]
+                logs = await loop.run_in_executor(None, self.log_manager.open_new_logs, specs)
+                self.log_manager.register_logs(logs)
+            except KafkaStorageError as exc:
+                log.warning(
+                    "partitions are offline",
+                    extra={
+                        "topic": topic.name,
+                        "partitions": partition_ranges([s.partition for s in missing]),
+                        "error": str(exc),
+                    },
                 )
-                (log_,) = await loop.run_in_executor(None, self.log_manager.open_new_logs, [spec])
-                self.log_manager.register_logs([log_])
-        except KafkaStorageError as exc:
-            log.warning("partition %s is offline: %s", tp, exc)
-            self._offline_partitions.add(tp)
-            return None
+                self._offline_partitions.update(TopicPartition(topic.name, s.partition) for s in missing)
         if self._checkpointed_high_watermarks is None:
             self._checkpointed_high_watermarks = await loop.run_in_executor(
                 None, self.log_manager.read_high_watermarks
             )
-        partition = Partition(
-            tp,
-            log_,
-            -1,
-            [],
-            local_id=self.node_id,
-            replicated=self.cluster is not None,
-            high_watermark=self._checkpointed_high_watermarks.get((tp.topic, tp.partition), 0),
-        )
-        self._partitions[tp] = partition
-        return partition
+        for state in unhosted:
+            tp = TopicPartition(topic.name, state.partition)
+            log_ = self.log_manager.get_log(topic.name, state.partition)
+            if log_ is None or tp in self._partitions:
+                continue  # offline, or hosted meanwhile
+            self._partitions[tp] = Partition(
+                tp,
+                log_,
+                -1,
+                [],
+                local_id=self.node_id,
+                replicated=self.cluster is not None,
+                high_watermark=self._checkpointed_high_watermarks.get((tp.topic, tp.partition), 0),
+            )
 
-    async def _become_leader(self, partition: Partition, state: PartitionState) -> None:
-        tp = partition.tp
-        if partition.is_leader and partition.leader_epoch == state.leader_epoch:
-            # The same epoch with a newer partition epoch: an ISR change (ours, or the controller's).
-            if partition.make_leader(state, self._time_ms()):
-                self._wake_fetchers(tp)
+    async def _make_leaders(self, batch: list[tuple[Partition, PartitionState]]) -> None:
+        """Kafka's makeLeaders: every new epoch of the batch is written to its leader epoch
+        checkpoint first (all at once, each on its log's I/O executor after any truncation queued
+        there; their fsyncs overlap in the log I/O pool) and only then led."""
+        now_ms = self._time_ms()
+        new_epochs: list[tuple[Partition, PartitionState]] = []
+        for partition, state in batch:
+            if partition.is_leader and partition.leader_epoch == state.leader_epoch:
+                # The same epoch with a newer partition epoch: an ISR change (ours, or the controller's).
+                if partition.make_leader(state, now_ms):
+                    self._wake_fetchers(partition.tp)
+            else:
+                new_epochs.append((partition, state))
+        if not new_epochs:
             return
         if self.fetchers is not None:
-            self.fetchers.remove_partitions([tp])
-        # No append until the new epoch is recorded, so none lands under the old one meanwhile.
-        # Produces waiting from an earlier epoch of ours keep waiting: the records stay ours and
-        # commit once the followers fetch in the new epoch.
-        partition.leader_id = -1
-        cache = partition.log.leader_epoch_cache
-        if cache.latest_epoch is None or cache.latest_epoch < state.leader_epoch:
-            try:
-                # On the log's I/O executor: after any truncation its fetcher queued there.
-                await asyncio.wrap_future(
+            self.fetchers.remove_partitions([p.tp for p, _ in new_epochs])
+        writes: list[tuple[Partition, PartitionState, asyncio.Future[None] | None]] = []
+        for partition, state in new_epochs:
+            # No append until the new epoch is recorded, so none lands under the old one meanwhile.
+            # Produces waiting from an earlier epoch of ours keep waiting: the records stay ours and
+            # commit once the followers fetch in the new epoch.
+            partition.leader_id = -1
+            cache = partition.log.leader_epoch_cache
+            write = None
+            if cache.latest_epoch is None or cache.latest_epoch < state.leader_epoch:
+                write = asyncio.wrap_future(
                     partition.log.io.submit(cache.assign, state.leader_epoch, partition.log.log_end_offset)
                 )
-            except OSError as e:
-                partition.log.log_dir_failed("recording the leader epoch", e)
+            writes.append((partition, state, write))
+        outcomes = await asyncio.gather(*(w for _, _, w in writes if w is not None), return_exceptions=True)
+        failures = iter(outcomes)
+        now_ms = self._time_ms()
+        led: list[int] = []
+        for partition, state, write in writes:
+            tp = partition.tp
+            error = next(failures) if write is not None else None
+            if isinstance(error, OSError):
+                partition.log.log_dir_failed("recording the leader epoch", error)
                 partition.fail_delayed_produces(ErrorCode.kafka_storage_error)
-                return
-        if (
-            self._partitions.get(tp) is not partition
-            or self._applied.get(tp, (-1, -1))[0] != state.leader_epoch
-        ):
-            return  # stopped, or a newer state took over while the epoch was written
-        partition.make_leader(state, self._time_ms())
-        self._wake_fetchers(tp)
-        log.info(
-            "became leader",
-            extra={"partition": str(tp), "leader_epoch": state.leader_epoch, "isr": state.isr},
-        )
-        self._notify_leader(tp, state.leader_epoch)
+                continue
+            if isinstance(error, BaseException):
+                log.error(
+                    "recording the leader epoch failed", extra={"partition": str(tp), "error": repr(error)}
+                )
+                continue
+            if (
+                self._partitions.get(tp) is not partition
+                or self._applied.get(tp, (-1, -1))[0] != state.leader_epoch
+            ):
+                continue  # stopped, or a newer state took over while the epoch was written
+            partition.make_leader(state, now_ms)
+            self._wake_fetchers(tp)
+            self._notify_leader(tp, state.leader_epoch)
+            led.append(tp.partition)
+        if led:
+            log.info(
+                "became leader", extra={"topic": batch[0][0].tp.topic, "partitions": partition_ranges(led)}
+            )
 
-    def _become_follower(self, partition: Partition, state: PartitionState) -> None:
-        tp = partition.tp
-        new_leadership = (
-            partition.is_leader
-            or partition.leader_id != state.leader
-            or partition.leader_epoch != state.leader_epoch
-        )
-        partition.make_follower(state)
-        self._wake_fetchers(tp)  # consumers waiting on it are answered NOT_LEADER_OR_FOLLOWER
-        if not new_leadership:
+    def _make_followers(self, batch: list[tuple[Partition, PartitionState]]) -> None:
+        """Kafka's makeFollowers: the fetchers are updated once for the batch."""
+        moved: list[tuple[Partition, PartitionState]] = []
+        for partition, state in batch:
+            new_leadership = (
+                partition.is_leader
+                or partition.leader_id != state.leader
+                or partition.leader_epoch != state.leader_epoch
+            )
+            partition.make_follower(state)
+            self._wake_fetchers(partition.tp)  # consumers waiting on it are answered NOT_LEADER_OR_FOLLOWER
+            if new_leadership:
+                moved.append((partition, state))
+        if not moved:
             return
         if self.fetchers is not None:
-            self.fetchers.remove_partitions([tp])
-            if state.leader >= 0:
-                self.fetchers.add_partition(tp, self._topic_ids[tp.topic], state.leader, state.leader_epoch)
+            self.fetchers.remove_partitions([p.tp for p, _ in moved])
+            for partition, state in moved:
+                if state.leader >= 0:
+                    tp = partition.tp
+                    self.fetchers.add_partition(
+                        tp, self._topic_ids[tp.topic], state.leader, state.leader_epoch
+                    )
+        for partition, _ in moved:
+            self._notify_follower(partition.tp)
         log.info(
             "became follower",
-            extra={"partition": str(tp), "leader": state.leader, "leader_epoch": state.leader_epoch},
+            extra={
+                "topic": moved[0][0].tp.topic,
+                "partitions": partition_ranges([p.tp.partition for p, _ in moved]),
+                "leaders": sorted({s.leader for _, s in moved}),
+            },
         )
-        self._notify_follower(tp)
 
     def topic_id(self, topic: str) -> uuid.UUID | None:
         return self._topic_ids.get(topic)

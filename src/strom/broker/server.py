@@ -24,7 +24,7 @@ from strom.broker.cluster.local import (
     TopicExistsError,
     validate_topic_name,
 )
-from strom.broker.cluster.metadata import PartitionState, TopicState
+from strom.broker.cluster.metadata import TopicState
 from strom.broker.cluster.zookeeper import (
     NO_STATE_EPOCH,
     CoordinatorUnavailableError,
@@ -289,7 +289,7 @@ class BrokerServer:
         )
         self._reconcile_logs(topics)
         for topic in self.control_plane.image.topics():
-            self.replica_manager.become_leader(topic)
+            self.replica_manager.lead_on_single_node(topic)
 
     def _reconcile_logs(self, topics: Mapping[str, TopicState]) -> None:
         """Place every loaded log that the control plane does not know. Nothing is deleted here
@@ -720,6 +720,7 @@ class BrokerServer:
             await self._place_withheld_logs(topic)
         if hosted is not None and hosted.configs != topic.configs:
             self.replica_manager.update_config(topic)
+        pending = []
         for state in topic.partitions:
             tp = TopicPartition(name, state.partition)
             if state.partition_epoch == NO_STATE_EPOCH:
@@ -732,12 +733,16 @@ class BrokerServer:
             applied = self._applied.get(tp)
             if applied is not None and applied >= (state.leader_epoch, state.partition_epoch):
                 continue
-            await self._apply_partition_state(topic, state)
-            self._applied[tp] = (state.leader_epoch, state.partition_epoch)
+            pending.append(state)
+        if pending:
+            # One pass through the replica manager for every changed partition of the topic.
+            await self.replica_manager.become_leader_or_follower(topic, pending)
+            for state in pending:
+                self._applied[TopicPartition(name, state.partition)] = (
+                    state.leader_epoch,
+                    state.partition_epoch,
+                )
         self._hosted[name] = topic
-
-    async def _apply_partition_state(self, topic: TopicState, state: PartitionState) -> None:
-        await self.replica_manager.apply_partition_state(topic, state)
 
     async def _stop_partition(self, tp: TopicPartition) -> None:
         await self.replica_manager.stop_partitions([tp], delete=True)

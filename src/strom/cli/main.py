@@ -99,11 +99,26 @@ async def _serve(config: KafkaConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # A signal during startup (loading thousands of logs, waiting for ZooKeeper) stops it too.
+    starting = asyncio.ensure_future(broker.start())
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        await broker.start()
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+        if not starting.cancelled():
+            starting.result()  # what start raised, if it failed
     except BaseException:
         await broker.stop()  # a clean shutdown of what started (nothing if the log dirs were locked)
         raise
+    finally:
+        stopping.cancel()
+    if starting.cancelled():
+        log.info("shutting down during startup")
+        await broker.stop()
+        return
     await stop.wait()
     log.info("shutting down")
     await broker.stop()

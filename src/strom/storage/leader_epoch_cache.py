@@ -79,12 +79,17 @@ class LeaderEpochFileCache:
         entries = list(self._entries)
         while entries and (entries[-1][0] >= epoch or entries[-1][1] >= start_offset):
             entries.pop()
-        removed = len(self._entries) - len(entries)
+        removed = self._entries[len(entries) :]
         entries.append((epoch, start_offset))
         self._write(entries)
-        if removed:
+        if any(e >= epoch for e, _ in removed):
             log.warning(
-                "leader epoch %d at offset %d replaced %d cached epochs", epoch, start_offset, removed
+                "leader epoch %d at offset %d replaced %d cached epochs", epoch, start_offset, len(removed)
+            )
+        elif removed:
+            # Older epochs without a record (a leadership that appended nothing): nothing conflicts.
+            log.debug(
+                "leader epoch %d at offset %d replaced %d empty epochs", epoch, start_offset, len(removed)
             )
 
     def rebuild(self, first_offsets: Iterable[tuple[int, int]]) -> None:

@@ -3,7 +3,9 @@
 ``ZkControlPlane`` connects the broker to ZooKeeper, makes sure the cluster id there matches the
 one in its log dirs' meta.properties, registers the broker (ephemeral ``/brokers/ids/N``), and
 watches what the cluster's metadata is made of: the live brokers, the controller, every topic's
-assignment, every partition's state znode and every topic's config. From them it keeps a
+assignment and config, and /isr_change_notification, whose notifications name the partition
+states written (every state is read, pipelined, at start and after any disconnection; then only
+the notified ones). From them it keeps a
 ``MetadataImage`` (the same class the single-node control plane keeps), whose
 ``PartitionState.partition_epoch`` is the version of the partition's state znode, and tells the
 broker which topic changed. The broker applies those changes (see BrokerServer).
@@ -11,7 +13,8 @@ broker which topic changed. The broker applies those changes (see BrokerServer).
 It also makes the writes a broker makes in Kafka's ZooKeeper mode: topics (assignment and config
 in one multi-op), partitions, topic deletion requests, topic configs with their change
 notification, producer id blocks, and, for the replication layer (``ClusterLink``), the leader's
-conditional write of a partition's ISR. Everything ZooKeeper does happens off the event loop
+conditional write of a partition's ISR (those queued meanwhile in one multi-op, with their
+notification). Everything ZooKeeper does happens off the event loop
 (AsyncZooKeeper); the watch callbacks run on the loop.
 
 A znode it cannot read (not JSON, a field missing, a topic config Kafka's validators refuse, a
@@ -27,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -62,6 +67,8 @@ NO_STATE_EPOCH = -1
 # Re-registration after a session expiry, and re-reads after a failed watch callback: backoff.
 RETRY_BACKOFF_MIN_S = 0.2
 RETRY_BACKOFF_MAX_S = 10.0
+# ISR changes written in one multi-op at most (well under ZooKeeper's 1 MiB jute.maxbuffer).
+ISR_CHANGES_PER_WRITE = 500
 
 
 class InconsistentClusterIdError(RuntimeError):
@@ -97,11 +104,15 @@ class ZooKeeperUnavailableError(MetadataWaitTimeout):
 @dataclasses.dataclass(slots=True)
 class _TopicWatches:
     watches: list[Watch] = dataclasses.field(default_factory=list)
-    partitions: dict[int, Watch] = dataclasses.field(default_factory=dict)
 
     def cancel(self) -> None:
-        for watch in [*self.watches, *self.partitions.values()]:
+        for watch in self.watches:
             watch.cancel()
+
+
+# What a change notification may name: a legal topic name (a path segment) and a partition.
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_MAX_PARTITION = 2**31 - 1
 
 
 def read_meta_properties(log_dirs: list[Path]) -> dict[Path, dict[str, str]]:
@@ -150,10 +161,27 @@ class ZkControlPlane:
         self._topics: dict[str, znodes.TopicZNode] = {}
         self._topic_czxids: dict[str, int] = {}
         self._configs: dict[str, dict[str, str]] = {}
-        self._states: dict[tuple[str, int], tuple[znodes.LeaderAndIsr, int]] = {}
+        # Each partition state read: (state, znode version = partition epoch, mzxid). The mzxid
+        # orders reads that raced (a newer write has a higher one, also across a re-creation).
+        self._states: dict[tuple[str, int], tuple[znodes.LeaderAndIsr, int, int]] = {}
         self._topic_watches: dict[str, _TopicWatches] = {}
         self._broker_watches: dict[int, Watch] = {}
-        self._loading: dict[str, list[asyncio.Task[None]]] = {}
+        # Partition-state changes come as /isr_change_notification/isr_change_N znodes (one
+        # ChildrenWatch, not one DataWatch per partition): the newest child seen and processed,
+        # the children last listed, partition states to read, and whether to read them all
+        # (at start and after any disconnection: a notification may have been missed or purged).
+        self._notification_seen = ""
+        self._notifications: list[str] = []
+        self._wanted: set[tuple[str, int]] = set()
+        self._reread_all = True
+        self._disconnected = False
+        self._sync_needed = asyncio.Event()
+        # The leaders' ISR changes waiting to be written (one multi-op for those queued meanwhile).
+        self._isr_changes: dict[
+            tuple[str, int],
+            tuple[PartitionState, znodes.LeaderAndIsr, asyncio.Future[PartitionState | None]],
+        ] = {}
+        self._isr_writer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._registration: bytes | None = None
@@ -195,12 +223,17 @@ class ZkControlPlane:
         await self._zk.watch_children(
             znodes.BROKER_IDS, self._guarded_children(znodes.BROKER_IDS, self._on_broker_ids)
         )
-        await asyncio.gather(
-            *(self._watch_topic(name) for name in await self._zk.get_children(znodes.TOPICS))
-        )
+        await self._zk.watch_children(znodes.ISR_CHANGE_NOTIFICATION, self._on_notifications)
+        names = await self._zk.get_children(znodes.TOPICS)
+        for name in names:
+            self._topic_watches.setdefault(name, _TopicWatches())
+        await asyncio.gather(*(self._watch_topic(name) for name in names))
         await self._zk.watch_children(
             znodes.TOPICS, self._guarded_children(znodes.TOPICS, self._on_topic_names)
         )
+        # Every partition state, pipelined, before the broker serves; then the notifications'.
+        await self._sync_states()
+        self._spawn(self._follow_states(), "follow partition states")
         log.info(
             "connected to ZooKeeper",
             extra={
@@ -303,6 +336,13 @@ class ZkControlPlane:
     def _on_session(self, state: str) -> None:
         if self._closing:
             return  # closing the session reports it lost too; that is no expiry
+        if state in (SessionState.SUSPENDED, SessionState.EXPIRED):
+            self._disconnected = True
+        elif state == SessionState.CONNECTED and self._disconnected:
+            # Notifications may have been missed (and purged) meanwhile: read every state again.
+            self._disconnected = False
+            self._reread_all = True
+            self._sync_needed.set()
         if state == SessionState.EXPIRED:
             log.warning("ZooKeeper session expired", extra={"broker": self.node_id})
             self._session_expired = True
@@ -494,12 +534,14 @@ class ZkControlPlane:
         for gone in set(self._topic_watches) - names:
             self._forget_topic(gone)
         for new in names - set(self._topic_watches):
+            self._topic_watches[new] = _TopicWatches()
             self._spawn(self._watch_topic(new), f"watch topic {new}")
 
     async def _watch_topic(self, name: str) -> None:
-        if name in self._topic_watches:
+        """Arm the topic's data and config watches (its entry in ``_topic_watches`` is made)."""
+        watches = self._topic_watches.get(name)
+        if watches is None or watches.watches:
             return
-        watches = self._topic_watches[name] = _TopicWatches()
         topic_path = znodes.topic_path(name)
         config_path = znodes.topic_config_path(name)
         topic_watch = await self.zk.watch_data(
@@ -514,7 +556,6 @@ class ZkControlPlane:
             config_watch.cancel()
             return
         watches.watches += [topic_watch, config_watch]
-        await asyncio.gather(*self._loading.pop(name, []))
 
     def _on_topic_data(self, name: str, data: bytes | None, stat: ZnodeStat | None) -> None:
         watches = self._topic_watches.get(name)
@@ -545,41 +586,138 @@ class ZkControlPlane:
             # the hosted logs (named by the old id) stay as they are.
             self._skip_unreadable(path, f"topic_id changed from {known.topic_id} without a deletion")
             return
+        withheld = known is None and path in self._unreadable
         self._readable(path)
+        if recreated:
+            # States read before this topic's znode was created belong to its predecessor.
+            for key in [k for k, v in self._states.items() if k[0] == name and v[2] < stat.czxid]:
+                del self._states[key]
         self._topics[name] = topic
         self._topic_czxids[name] = stat.czxid
-        for partition in topic.partitions:
-            if partition not in watches.partitions:
-                watches.partitions[partition] = Watch()  # a placeholder until the watch is armed
-                task = self._spawn(self._watch_state(name, partition), f"watch {name}-{partition}")
-                if not watches.watches:  # _watch_topic has yet to wait for the first states
-                    self._loading.setdefault(name, []).append(task)
+        if withheld or recreated:
+            # Its states were written while it was not read (the start's read skipped it).
+            self._want({(name, p) for p in topic.partitions if (name, p) not in self._states})
         self._rebuild(name)
 
-    async def _watch_state(self, name: str, partition: int) -> None:
-        path = znodes.partition_state_path(name, partition)
+    # -- partition states: change notifications and pipelined reads ----------------------------
 
-        def on_state(data: bytes | None, stat: ZnodeStat | None) -> None:
-            if data is None or stat is None:
-                self._states.pop((name, partition), None)
-            else:
-                try:
-                    state = znodes.LeaderAndIsr.decode(data)
-                except znodes.MALFORMED as e:
-                    self._skip_unreadable(path, repr(e))
-                    return  # the last state read stays
-                self._states[(name, partition)] = (state, stat.version)
+    def _on_notifications(self, children: list[str]) -> None:
+        self._notifications = children
+        self._sync_needed.set()
+
+    def _want(self, keys: set[tuple[str, int]]) -> None:
+        if keys:
+            self._wanted |= keys
+            self._sync_needed.set()
+
+    async def _follow_states(self) -> None:
+        """Read what the notifications (and re-reads) ask for, one pass at a time, for as long as
+        the broker runs; a failed pass (ZooKeeper unreachable) is retried with backoff."""
+        backoff = RETRY_BACKOFF_MIN_S
+        while not self._closing:
+            await self._sync_needed.wait()
+            self._sync_needed.clear()
+            try:
+                await self._sync_states()
+                backoff = RETRY_BACKOFF_MIN_S
+            except Exception as e:
+                if self._closing:
+                    return
+                log.warning(
+                    "reading partition states failed; retrying",
+                    extra={"error": repr(e), "retry_s": backoff},
+                )
+                self._sync_needed.set()
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, RETRY_BACKOFF_MAX_S)
+
+    async def _sync_states(self) -> None:
+        """One pass: the partitions named by notifications newer than the last one processed (in
+        sequence order), or every partition of every topic when a re-read is due, read pipelined
+        and applied to the image topic by topic. Nothing is marked done unless the pass succeeds."""
+        reread_all = self._reread_all
+        self._reread_all = False
+        wanted, self._wanted = self._wanted, set()
+        try:
+            seen = self._notification_seen
+            fresh = sorted(
+                c for c in self._notifications if c.startswith(znodes.ISR_CHANGE_PREFIX) and c > seen
+            )
+            keys = set(wanted)
+            if reread_all:
+                # The notifications listed are older than this read: it covers them.
+                keys |= {(n, p) for n, topic in self._topics.items() for p in topic.partitions}
+            elif fresh:
+                keys |= await self._notified_partitions(fresh)
+            await self._read_states(keys)
+        except BaseException:
+            self._reread_all = self._reread_all or reread_all
+            self._wanted |= wanted
+            raise
+        if fresh:
+            self._notification_seen = max(seen, fresh[-1])
+
+    async def _notified_partitions(self, notifications: list[str]) -> set[tuple[str, int]]:
+        paths = [f"{znodes.ISR_CHANGE_NOTIFICATION}/{c}" for c in notifications]
+        keys: set[tuple[str, int]] = set()
+        for path, found in zip(paths, await self.zk.get_many(paths), strict=True):
+            if found is None:
+                # Purged before it was read (the controller deletes them after a while): what
+                # it named is unknown, so every state is read again.
+                self._reread_all = True
+                self._sync_needed.set()
+                continue
+            try:
+                partitions = znodes.decode_partition_list(found[0])
+            except znodes.MALFORMED as e:
+                self._skip_unreadable(path, repr(e))
+                continue
+            keys.update(
+                (topic, partition)
+                for topic, partition in partitions
+                if _TOPIC_NAME.fullmatch(topic) and 0 <= partition <= _MAX_PARTITION
+            )
+        return keys
+
+    async def _read_states(self, keys: set[tuple[str, int]]) -> None:
+        """Read the state znodes of ``keys`` in one pipeline and update the image of each topic
+        for the partitions whose state changed."""
+        if not keys:
+            return
+        ordered = sorted(keys)
+        results = await self.zk.get_many([znodes.partition_state_path(t, p) for t, p in ordered])
+        changed: dict[str, set[int]] = {}
+        for (topic, partition), found in zip(ordered, results, strict=True):
+            if found is None:
+                continue  # not created yet (its creation is announced), or its topic is being deleted
+            data, stat = found
+            path = znodes.partition_state_path(topic, partition)
+            try:
+                state = znodes.LeaderAndIsr.decode(data)
+            except znodes.MALFORMED as e:
+                self._skip_unreadable(path, repr(e))
+                continue  # the last state read stays
             self._readable(path)
-            self._rebuild(name)
+            if self._put_state(topic, partition, state, stat):
+                changed.setdefault(topic, set()).add(partition)
+        # Every topic's image is updated (and its broker told) even if telling one fails; a topic
+        # whose broker was not told is told again by the retried pass.
+        failure: Exception | None = None
+        for topic in [*changed, *(self._untold - changed.keys())]:
+            try:
+                self._update_partitions(topic, changed.get(topic, set()))
+            except Exception as e:
+                failure = e
+        if failure is not None:
+            raise failure
 
-        watches = self._topic_watches.get(name)
-        placeholder = watches.partitions.get(partition) if watches is not None else None
-        watch = await self.zk.watch_data(path, self._guarded_data(path, on_state))
-        current = self._topic_watches.get(name)
-        if current is watches and current is not None and current.partitions.get(partition) is placeholder:
-            current.partitions[partition] = watch
-        else:
-            watch.cancel()
+    def _put_state(self, topic: str, partition: int, state: znodes.LeaderAndIsr, stat: ZnodeStat) -> bool:
+        """Keep ``state`` unless a newer one was read already; whether it is new."""
+        current = self._states.get((topic, partition))
+        if current is not None and current[2] >= stat.mzxid:
+            return False
+        self._states[(topic, partition)] = (state, stat.version, stat.mzxid)
+        return True
 
     def _on_topic_config(self, name: str, data: bytes | None) -> None:
         if name not in self._topic_watches:
@@ -618,7 +756,6 @@ class ZkControlPlane:
             self._unreadable.pop(znodes.topic_path(name), None)
         self._topics.pop(name, None)
         self._topic_czxids.pop(name, None)
-        self._loading.pop(name, None)
         for key in [k for k in self._states if k[0] == name]:
             del self._states[key]
         self._rebuild(name)
@@ -638,18 +775,48 @@ class ZkControlPlane:
                         PartitionState(p, -1, NO_STATE_EPOCH, list(replicas), [], NO_STATE_EPOCH)
                     )
                 else:
-                    lai, version = state
-                    partitions.append(
-                        PartitionState(
-                            p, lai.leader, lai.leader_epoch, list(replicas), list(lai.isr), version
-                        )
-                    )
+                    partitions.append(self._partition_state(name, p, replicas))
             topic = TopicState(name, znode.topic_id, partitions, dict(self._configs.get(name, {})))
             previous = self.image.topic(name)
             if previous is not None and previous.topic_id != topic.topic_id:
                 self.image.remove(name)
             changed = previous != topic
             self.image.put(topic)
+        self._tell(name, changed)
+
+    def _partition_state(self, name: str, partition: int, replicas: list[int]) -> PartitionState:
+        lai, version, _ = self._states[(name, partition)]
+        return PartitionState(partition, lai.leader, lai.leader_epoch, list(replicas), list(lai.isr), version)
+
+    def _update_partitions(self, name: str, partitions: set[int]) -> None:
+        """The image's entry of ``name`` with only ``partitions`` made anew (a state change of a few
+        partitions of a large topic costs what they cost, not the whole topic's rebuild)."""
+        znode = self._topics.get(name)
+        previous = self.image.topic(name)
+        if (
+            znode is None
+            or previous is None
+            or previous.topic_id != znode.topic_id
+            or len(previous.partitions) != len(znode.partitions)
+        ):
+            self._rebuild(name)
+            return
+        updated = list(previous.partitions)
+        changed = False
+        for p in partitions:
+            replicas = znode.partitions.get(p)
+            if replicas is None or updated[p].partition != p:
+                continue  # not (yet) a partition of the topic as read
+            state = self._partition_state(name, p, replicas)
+            if state != updated[p]:
+                updated[p] = state
+                changed = True
+        if changed:
+            # A new TopicState: the broker compares the one it applied with the image's.
+            self.image.put(dataclasses.replace(previous, partitions=updated))
+        self._tell(name, changed)
+
+    def _tell(self, name: str, changed: bool) -> None:
         if changed or name in self._untold:
             self.signal_change()
             # Until the broker has been told (its callback may raise), a re-read tells it again.
@@ -681,6 +848,8 @@ class ZkControlPlane:
     # -- ClusterLink: the leader's ISR changes -------------------------------------------------
 
     async def alter_partition(self, topic: str, state: PartitionState) -> PartitionState | None:
+        """Queue the ISR change; the changes queued meanwhile are written together (as Kafka's
+        AlterPartitionManager sends one request for all of them), each fenced by its version."""
         cached = self._states.get((topic, state.partition))
         previous = cached[0] if cached is not None else None
         data = znodes.LeaderAndIsr(
@@ -690,17 +859,76 @@ class ZkControlPlane:
             controller_epoch=previous.controller_epoch if previous is not None else 0,
             leader_recovery_state=previous.leader_recovery_state if previous is not None else 0,
         )
-        try:
-            stat = await self.zk.set(
-                znodes.partition_state_path(topic, state.partition), data.encode(), state.partition_epoch
+        future: asyncio.Future[PartitionState | None] = asyncio.get_running_loop().create_future()
+        # The replica manager has one change in flight per partition: the key is free.
+        self._isr_changes[(topic, state.partition)] = (state, data, future)
+        if self._isr_writer is None or self._isr_writer.done():
+            self._isr_writer = self._spawn(self._write_isr_changes(), "write ISR changes")
+        return await future
+
+    async def _write_isr_changes(self) -> None:
+        while self._isr_changes:
+            keys = list(itertools.islice(self._isr_changes, ISR_CHANGES_PER_WRITE))
+            batch = {k: self._isr_changes.pop(k) for k in keys}
+            try:
+                await self._write_isr_batch(batch)
+            except Exception as e:
+                for _, _, future in batch.values():
+                    if not future.done():
+                        future.set_exception(e)
+
+    async def _write_isr_batch(
+        self,
+        batch: dict[
+            tuple[str, int], tuple[PartitionState, znodes.LeaderAndIsr, asyncio.Future[PartitionState | None]]
+        ],
+    ) -> None:
+        """One multi-op of every state in ``batch`` and its change notification; a state whose
+        version no longer matches (a newer state is on its way) is answered None and the rest
+        written again without it."""
+        while True:
+            for key in [k for k, (_, _, future) in batch.items() if future.done()]:
+                del batch[key]  # its caller gave up
+            if not batch:
+                return
+            keys = list(batch)
+            ops: list[SetData | Create] = [
+                SetData(
+                    znodes.partition_state_path(t, p),
+                    batch[(t, p)][1].encode(),
+                    batch[(t, p)][0].partition_epoch,
+                )
+                for t, p in keys
+            ]
+            # The writes and their change notification in one multi-op: every broker learns of them.
+            ops.append(
+                Create(
+                    f"{znodes.ISR_CHANGE_NOTIFICATION}/{znodes.ISR_CHANGE_PREFIX}",
+                    znodes.encode_partition_list(keys),
+                    sequence=True,
+                )
             )
-        except (BadVersionError, NoNodeError):
-            return None
-        current = self._states.get((topic, state.partition))
-        if current is None or current[1] < stat.version:
-            self._states[(topic, state.partition)] = (data, stat.version)
-            self._rebuild(topic)
-        return dataclasses.replace(state, isr=list(state.isr), partition_epoch=stat.version)
+            try:
+                results = await self.zk.multi(ops)
+            except MultiOpFailed as e:
+                if e.index < len(keys) and isinstance(e.cause, (BadVersionError, NoNodeError)):
+                    refused = batch.pop(keys[e.index])[2]
+                    if not refused.done():
+                        refused.set_result(None)
+                    continue
+                raise
+            changed: dict[str, set[int]] = {}
+            for (topic, partition), stat in zip(keys, results, strict=False):
+                state, data, future = batch[(topic, partition)]
+                if self._put_state(topic, partition, data, stat):
+                    changed.setdefault(topic, set()).add(partition)
+                if not future.done():
+                    future.set_result(
+                        dataclasses.replace(state, isr=list(state.isr), partition_epoch=stat.version)
+                    )
+            for topic, partitions in changed.items():
+                self._update_partitions(topic, partitions)
+            return
 
     # -- admin writes (Kafka's AdminZkClient) --------------------------------------------------
 
