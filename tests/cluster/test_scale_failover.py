@@ -28,7 +28,7 @@ PARTITIONS = 1000
 CLUSTER = {"brokers": 3, "overrides": {"offsets.topic.num.partitions": "1"}}
 # From the second session's expiry to every partition led by the survivor, in its own Metadata.
 FAILOVER_BOUND = 20.0
-CREATE_TIMEOUT = 180.0
+CREATE_TIMEOUT = 120.0
 
 
 def unled(cluster: Cluster, via: int, live: set[int]) -> int | None:
