@@ -374,9 +374,12 @@ def create_topic(cluster: Cluster, topic: str, partitions: int, deadline: float,
     try:
         futures[topic].result(max(1.0, deadline - time.monotonic()))
     except Exception as exc:
+        # A timeout (the client's or the broker's) may come with the topic created: its partitions
+        # are waited for below, up to the deadline. Any other error is the step's result.
         if time.monotonic() > deadline:
             raise StepTimeout(f"did not complete in {timeout:.0f} s (CreateTopics unanswered)") from exc
-        raise BenchError(f"CreateTopics {topic}: {exc}") from exc
+        if "TIMED_OUT" not in str(exc):
+            raise BenchError(f"CreateTopics {topic}: {exc}") from exc
     wait_led(cluster, topic, partitions, cluster.live_ids(), deadline, timeout)
     return time.monotonic() - start
 
@@ -394,6 +397,8 @@ def broker_views(cluster: Cluster) -> list[Broker]:
 
 
 PRODUCE_HEADER = struct.Struct(">hhih")
+# Errors a producer retries: NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS(_AFTER_APPEND).
+RETRIABLE = frozenset({6, 7, 19, 20})
 
 
 def produce_request(correlation_id: int, topic: bytes, partition: int, records: bytes) -> bytes:
@@ -425,17 +430,27 @@ async def raw_producer_worker(
     name = topic.encode()
     streams = [await asyncio.open_connection(host, port) for _ in range(connections)]
     errors: list[int] = []
+    retries: dict[int, int] = {}
 
     async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
-        for i in range(batches):
-            writer.write(produce_request(index * batches + i, name, partition, batch))
+        correlation_id = index * batches * 100
+        sent = 0
+        while sent < batches:
+            correlation_id += 1
+            writer.write(produce_request(correlation_id, name, partition, batch))
             (size,) = struct.unpack(">i", await reader.readexactly(4))
             answer = await reader.readexactly(size)
             # correlation id, topics count, topic name, partitions count, partition index, error code
             name_len = struct.unpack_from(">h", answer, 8)[0]
             (error,) = struct.unpack_from(">h", answer, 10 + name_len + 8)
-            if error:
+            if error in RETRIABLE:
+                retries[error] = retries.get(error, 0) + 1
+                await asyncio.sleep(0.1)  # as a producer's retry.backoff.ms, then the same batch again
+            elif error:
                 errors.append(error)
+                return
+            else:
+                sent += 1
 
     await asyncio.sleep(max(0.0, start_at - time.time()))
     begin = time.time()
@@ -450,6 +465,7 @@ async def raw_producer_worker(
         "requests": connections * batches,
         "errors": errors[:5],
         "error_count": len(errors),
+        "retries": retries,
         "cpu": cpu.user + cpu.system,
     }
 
@@ -462,7 +478,7 @@ def raw_producers(
     records: int,
     batch_records: int,
     timeout: float,
-) -> tuple[Throughput, float]:
+) -> tuple[Throughput, str]:
     """`connections` producer connections to partition 0's leader, spread over `processes`
     processes of `raw_producer_worker`; combined rate over the span from the first request to the
     last answer. Returns the throughput and the producer processes' CPU seconds."""
@@ -518,7 +534,15 @@ def raw_producers(
     requests = sum(o["requests"] for o in outputs)
     span = max(o["end"] for o in outputs) - min(o["begin"] for o in outputs)
     total = requests * batch_records
-    return Throughput(total, total * SIZE, span, cpu), sum(o["cpu"] for o in outputs)
+    retries: dict[str, int] = {}
+    for output in outputs:
+        for code, count in output["retries"].items():
+            retries[code] = retries.get(code, 0) + count
+    retried = ", ".join(f"error {code}: {count}" for code, count in sorted(retries.items())) or "none"
+    usage = (
+        f"{sum(o['cpu'] for o in outputs):.1f} CPU-s in the producer processes; retried requests: {retried}"
+    )
+    return Throughput(total, total * SIZE, span, cpu), usage
 
 
 # --- the cluster ----------------------------------------------------------------------------------------
@@ -576,6 +600,17 @@ class Runner:
     def __init__(self, cluster: Cluster, report: Report, settings: Settings, run_dir: Path) -> None:
         self.cluster, self.report, self.settings, self.run_dir = cluster, report, settings, run_dir
         self.dead: str | None = None
+        self.topics: dict[int, tuple[str, float]] = {}  # partitions -> (topic, seconds to create it)
+
+    def topic(self, partitions: int) -> tuple[str, float]:
+        """The run's topic of that many partitions (the latency and throughput runs share them: on
+        the code before issue 18 creating 1,000 partitions took minutes), created when first asked."""
+        if partitions not in self.topics:
+            topic = f"p-{partitions}"
+            timeout = self.settings.create_timeout
+            took = create_topic(self.cluster, topic, partitions, time.monotonic() + timeout, timeout)
+            self.topics[partitions] = (topic, took)
+        return self.topics[partitions]
 
     def run(
         self,
@@ -819,16 +854,9 @@ def throughput_steps(runner: Runner, settings: Settings, run_dir: Path) -> None:
         label = (
             f"cluster, RF 3, acks=all, {partitions:,} partition{'s' if partitions > 1 else ''}, 1 connection"
         )
-        topic = f"tp-{partitions}"
         log(f"- throughput: {label}")
         try:
-            create_topic(
-                cluster,
-                topic,
-                partitions,
-                time.monotonic() + settings.create_timeout,
-                settings.create_timeout,
-            )
+            topic, _ = runner.topic(partitions)
             report.throughput[label] = run_producers(
                 broker_views(cluster),
                 cluster.bootstrap,
@@ -839,7 +867,7 @@ def throughput_steps(runner: Runner, settings: Settings, run_dir: Path) -> None:
                 0 if partitions == 1 else None,
                 1,
                 timeout,
-                run_dir / topic,
+                run_dir / f"throughput-{partitions}",
             )
         except BenchError as exc:
             report.throughput[label] = f"failed: {str(exc)[:200]}"
@@ -850,10 +878,16 @@ def throughput_steps(runner: Runner, settings: Settings, run_dir: Path) -> None:
     log(f"- throughput: {label}")
     try:
         result, client_cpu = raw_producers(
-            cluster, "tp-1", settings.connections, settings.connection_processes, records, 16, timeout
+            cluster,
+            runner.topic(1)[0],
+            settings.connections,
+            settings.connection_processes,
+            records,
+            16,
+            timeout,
         )
         report.throughput[label] = result
-        report.client_cpu = f"{client_cpu:.1f} CPU-s in the producer processes over {result.seconds:.1f} s"
+        report.client_cpu = f"{client_cpu} over {result.seconds:.1f} s"
     except BenchError as exc:
         report.throughput[label] = f"failed: {str(exc)[:200]}"
     for key, value in report.throughput.items():
@@ -867,7 +901,7 @@ def latency_step(runner: Runner, settings: Settings, partitions: int, *, profile
     cluster, report = runner.cluster, runner.report
     result = LatencyResult(partitions)
     report.latency.append(result)
-    topic = f"lat-{partitions}"
+    topic = f"p-{partitions}"
     count = max(settings.latency_records, partitions)
     goal = {1: 10, 1000: 30, 10000: 100}.get(partitions)
     if partitions == settings.big:
@@ -883,15 +917,10 @@ def latency_step(runner: Runner, settings: Settings, partitions: int, *, profile
         if created.value is None:
             result.outcome = f"no topic ({created.outcome})"
             return
+        runner.topics[partitions] = (topic, created.value)
     else:
         try:
-            result.create_s = create_topic(
-                cluster,
-                topic,
-                partitions,
-                time.monotonic() + settings.create_timeout,
-                settings.create_timeout,
-            )
+            topic, result.create_s = runner.topic(partitions)
         except BenchError as exc:
             result.outcome = f"no topic: {str(exc)[:200]}"
             return
@@ -1242,16 +1271,20 @@ def main(argv: list[str] | None = None) -> int:
         log("cluster 1: ZooKeeper + 3 brokers")
         with bench_cluster(run_dir, settings, report, "cluster1") as cluster:
             runner = Runner(cluster, report, settings, run_dir)
-            if "latency" not in skip:
-                for count in partitions[:-1]:
-                    latency_step(runner, settings, count, profile=False)
+            # One partition first, then throughput, then the larger counts: every partition a follower
+            # follows is in its every fetch, so a large topic weighs on everything after it.
+            smaller = [] if "latency" in skip else partitions[:-1]
+            for count in smaller[:1]:
+                latency_step(runner, settings, count, profile=False)
             if "throughput" not in skip:
                 throughput_steps(runner, settings, run_dir)
+            for count in smaller[1:]:
+                latency_step(runner, settings, count, profile=False)
             latency_step(runner, settings, settings.big, profile=True)
             if "idle" not in skip:
                 idle_step(runner, settings)
             if "failover" not in skip:
-                failover_steps(runner, f"lat-{settings.big}", settings.big)
+                failover_steps(runner, f"p-{settings.big}", settings.big)
         if "grow" not in skip:
             log("cluster 2 (fresh): ZooKeeper + 3 brokers")
             with bench_cluster(run_dir, settings, report, "cluster2") as cluster:
