@@ -153,7 +153,7 @@ class Report:
         self.idle: dict[int, float] = {}
         self.idle_note = ""
         self.profiles: list[ProfileSummary] = []
-        self.client_cpu = ""
+        self.client_cpu: dict[int, str] = {}  # raw producer connections -> its processes' CPU
         self.peak_threads: dict[int, int] = {}
         self.thread_kills: list[str] = []
 
@@ -313,7 +313,7 @@ def spread_latency(
             "linger.ms": 0,
             "enable.idempotence": False,
             "socket.nagle.disable": True,
-            "log_level": 4,
+            "log_level": 0,  # failures arrive as delivery reports; a stalled cluster would flood the output
             "queue.buffering.max.messages": max(100_000, 2 * partitions),
             "message.timeout.ms": int(timeout * 1000),
             "on_delivery": delivered,
@@ -847,10 +847,14 @@ def run_single_broker(report: Report, settings: Settings, run_dir: Path) -> None
 
 
 def throughput_steps(runner: Runner, settings: Settings, run_dir: Path) -> None:
+    """rdkafka_performance on 1 partition, the raw producer with one connection per process (its own
+    ceiling, a control) and with --connections, then rdkafka_performance on --throughput-partitions
+    (last: a large topic weighs on every later run)."""
     cluster, report = runner.cluster, runner.report
     timeout = settings.step_timeout * 2
     records = settings.throughput_records
-    for partitions in sorted({1, settings.throughput_partitions}):
+
+    def rdkafka(partitions: int) -> None:
         label = (
             f"cluster, RF 3, acks=all, {partitions:,} partition{'s' if partitions > 1 else ''}, 1 connection"
         )
@@ -871,25 +875,28 @@ def throughput_steps(runner: Runner, settings: Settings, run_dir: Path) -> None:
             )
         except BenchError as exc:
             report.throughput[label] = f"failed: {str(exc)[:200]}"
-    label = (
-        f"cluster, RF 3, acks=all, 1 partition, {settings.connections:,} connections "
-        f"(raw Produce v7, {settings.connection_processes} processes)"
-    )
-    log(f"- throughput: {label}")
-    try:
-        result, client_cpu = raw_producers(
-            cluster,
-            runner.topic(1)[0],
-            settings.connections,
-            settings.connection_processes,
-            records,
-            16,
-            timeout,
+
+    def raw(connections: int) -> None:
+        processes = min(connections, settings.connection_processes)
+        label = (
+            f"cluster, RF 3, acks=all, 1 partition, {connections:,} connections "
+            f"(raw Produce v7, {processes} processes)"
         )
-        report.throughput[label] = result
-        report.client_cpu = f"{client_cpu} over {result.seconds:.1f} s"
-    except BenchError as exc:
-        report.throughput[label] = f"failed: {str(exc)[:200]}"
+        log(f"- throughput: {label}")
+        try:
+            result, client_cpu = raw_producers(
+                cluster, runner.topic(1)[0], connections, processes, records, 16, timeout
+            )
+            report.throughput[label] = result
+            report.client_cpu[connections] = f"{client_cpu} over {result.seconds:.1f} s"
+        except BenchError as exc:
+            report.throughput[label] = f"failed: {str(exc)[:200]}"
+
+    rdkafka(1)
+    raw(settings.connection_processes)
+    raw(settings.connections)
+    if settings.throughput_partitions != 1:
+        rdkafka(settings.throughput_partitions)
     for key, value in report.throughput.items():
         if isinstance(value, Throughput):
             log(f"  = {key}: {fmt(value.mb_per_second)} MB/s ({fmt(value.records_per_second, 0)} msg/s)")
@@ -904,7 +911,7 @@ def latency_step(runner: Runner, settings: Settings, partitions: int, *, profile
     topic = f"p-{partitions}"
     count = max(settings.latency_records, partitions)
     goal = {1: 10, 1000: 30, 10000: 100}.get(partitions)
-    if partitions == settings.big:
+    if partitions == settings.big and partitions not in runner.topics:
         created = runner.run(
             f"CreateTopics of {partitions:,} partitions (every partition led, as every broker's Metadata shows)",
             "<= 10 s",
@@ -1058,7 +1065,10 @@ def render(
     keys = list(report.throughput)
     one = next((k for k in keys if k.startswith("cluster") and ", 1 partition, 1 connection" in k), None)
     many_parts = next((k for k in keys if k.startswith("cluster") and "partitions, 1 connection" in k), None)
-    conns = next((k for k in keys if "connections" in k), None)
+    conns = next((k for k in keys if f", {settings.connections:,} connections" in k), None)
+    control = next(
+        (k for k in keys if f", {settings.connection_processes:,} connections" in k and k != conns), None
+    )
     single = next((k for k in keys if k.startswith("single")), None)
 
     def ratio(a: str | None, b: str | None) -> str:
@@ -1067,7 +1077,10 @@ def render(
     lines += [
         "",
         f"- {settings.throughput_partitions:,} partitions / 1 partition: **{ratio(many_parts, one)}** (goal >= 0.8)",
-        f"- {settings.connections:,} connections / 1 connection: **{ratio(conns, one)}** (goal >= 0.8; {report.client_cpu})",
+        f"- {settings.connections:,} connections / 1 connection: **{ratio(conns, one)}** (goal >= 0.8); "
+        f"against the raw producer's {settings.connection_processes} connections (same client, one per "
+        f"process): {ratio(conns, control)}. Raw producer processes: "
+        + "; ".join(f"{n:,} connections: {usage}" for n, usage in sorted(report.client_cpu.items())),
         f"- RF 3 acks=all / single broker RF 1 acks=1: **{ratio(one, single)}** (goal >= 0.4)",
         "",
         f"#### Idle CPU with {settings.big:,} partitions (RF 3; /proc/PID/stat over {settings.idle_seconds:.0f} s)",
