@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
-from confluent_kafka.admin import AdminClient, NewPartitions
-from confluent_kafka.cimpl import NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 import benchlib
 from benchlib import OUT, REPO, BenchError, Broker, Throughput, fmt, log, percentile

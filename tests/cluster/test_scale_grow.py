@@ -18,7 +18,8 @@ import time
 
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewPartitions
 
 from cluster import Cluster, ClusterError
 
