@@ -777,7 +777,7 @@ def failover_steps(runner: Runner, topic: str, big: int) -> None:
         limit=10,
         profile=True,
     )
-    if not cluster.broker(victim).running:
+    if cluster.broker(victim).running:
         cluster.broker(victim).kill9()  # a broker past its shutdown timeout
     restart_steps(runner, topic, big, victim, "controlled shutdown")
 
