@@ -1161,7 +1161,7 @@ def write_results(subsection: str, label: str) -> None:
         'How it measures: bench/README.md, "Scale". Each run below is one subsection, replaced by a '
         "run with the same `--label`.\n"
     )
-    parts = [p for p in old.split("\n### ") if p.strip() and not p.startswith("## Scale")]
+    parts = [p for p in old.split("\n### ") if p.strip() and not p.lstrip("\n").startswith("## Scale")]
     kept = [p for p in parts if not p.startswith(label + "\n")]
     body = intro + "".join("\n### " + p.rstrip("\n") + "\n" for p in kept) + "\n" + subsection + "\n"
     benchlib.write_section(SECTION, begin + body + end)
