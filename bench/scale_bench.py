@@ -662,9 +662,17 @@ def expiry_of(cluster: Cluster, broker_id: int, deadline: float, timeout: float)
 
 
 def leaders_of(cluster: Cluster, topic: str) -> dict[int, int]:
+    """Partitions of `topic` per leader, as the first live broker that answers tells; empty when
+    none answers (the caller's step then reports what it finds)."""
     counts: dict[int, int] = {}
-    for info in metadata(cluster, topic, cluster.live_ids()[0]).partitions.values():
-        counts[info.leader] = counts.get(info.leader, 0) + 1
+    for n in cluster.live_ids():
+        try:
+            answer = metadata(cluster, topic, n)
+        except (OSError, ConnectionError):
+            continue
+        for info in answer.partitions.values():
+            counts[info.leader] = counts.get(info.leader, 0) + 1
+        break
     return counts
 
 
