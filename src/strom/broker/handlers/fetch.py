@@ -7,8 +7,8 @@ gets one whole batch, as in Kafka, so a batch larger than the limits is not stuc
 Incremental fetch sessions (KIP-227, ``strom.broker.fetch_session``) from v7: a full fetch
 with session epoch 0 opens a session and its response carries the session id; incremental
 fetches name the session and its next epoch, list only the partitions whose request changed
-and forget the ones dropped; the broker reads every partition of the session and answers only
-those with records, a changed high watermark, last stable offset or log start offset, an error
+and forget the ones dropped; the broker reads the partitions of the session that changed since
+(its ready set) and those listed, and answers only those with records, a changed high watermark, last stable offset or log start offset, an error
 or a diverging epoch. Epoch -1 is a sessionless full fetch, answered with session id 0 and
 every requested partition, as before KIP-227 (librdkafka and aiokafka fetch so). An unknown
 session is FETCH_SESSION_ID_NOT_FOUND, a wrong epoch INVALID_FETCH_SESSION_EPOCH, and a
