@@ -40,7 +40,7 @@ from strom.broker.fetch_session import (
 )
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import FetchRequestPartition, FetchResult, ReplicaManager
-from strom.broker.slices import ArrayBuilder, sliced
+from strom.broker.slices import SLICE_SIZE, ArrayBuilder, sliced
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build, has_field, to_ms
 
@@ -76,18 +76,29 @@ async def requested_partitions(
     """
     by_id = version >= 13
     requested: dict[PartitionKey, RequestedPartition] = {}
-    async for fetch_topic in sliced(request.topics):
-        topic_key = fetch_topic.topic_id if by_id else fetch_topic.topic
-        async for p in sliced(fetch_topic.partitions):
-            key = (topic_key, p.partition)
-            requested[key] = RequestedPartition(
-                key,
-                p.fetch_offset,
-                max(0, p.partition_max_bytes),
-                log_start_offset=getattr(p, "log_start_offset", -1),
-                current_leader_epoch=getattr(p, "current_leader_epoch", -1),
-                last_fetched_epoch=getattr(p, "last_fetched_epoch", -1),
-            )
+
+    def add(topic_key: TopicKey, p: Any) -> None:
+        key = (topic_key, p.partition)
+        requested[key] = RequestedPartition(
+            key,
+            p.fetch_offset,
+            max(0, p.partition_max_bytes),
+            log_start_offset=getattr(p, "log_start_offset", -1),
+            current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+            last_fetched_epoch=getattr(p, "last_fetched_epoch", -1),
+        )
+
+    topics = request.topics
+    if len(topics) <= SLICE_SIZE and sum(len(t.partitions) for t in topics) <= SLICE_SIZE:
+        # One slice (every consumer's fetch): no turn of the event loop to give.
+        for fetch_topic in topics:
+            for p in fetch_topic.partitions:
+                add(fetch_topic.topic_id if by_id else fetch_topic.topic, p)
+    else:
+        async for fetch_topic in sliced(topics):
+            topic_key = fetch_topic.topic_id if by_id else fetch_topic.topic
+            async for p in sliced(fetch_topic.partitions):
+                add(topic_key, p)
     forgotten: list[PartitionKey] = [
         (topic.topic_id if by_id else topic.topic, partition)
         for topic in getattr(request, "forgotten_topics_data", None) or ()
@@ -141,32 +152,49 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         [tps[key] for key in answered if results[key].error in LEADER_ERRORS],
     )
 
-    by_topic: dict[TopicKey, ArrayBuilder] = {}
-    async for key in sliced(answered):
+    def partition_data(key: PartitionKey) -> Any:
         tp = tps[key]
         result = results[key]
-        partitions = by_topic.get(key[0])
-        if partitions is None:
-            partitions = by_topic[key[0]] = ArrayBuilder(r.PartitionData)
-        await partitions.add(
-            build(
-                r.PartitionData,
-                partition_index=tp.partition,
-                error_code=result.error,
-                high_watermark=result.high_watermark,
-                last_stable_offset=result.last_stable_offset,
-                log_start_offset=result.log_start_offset,
-                aborted_transactions=None,
-                preferred_read_replica=-1,
-                records=result.records,
-                **_partition_hints(r, tp, result, hints),
-            )
+        return build(
+            r.PartitionData,
+            partition_index=tp.partition,
+            error_code=result.error,
+            high_watermark=result.high_watermark,
+            last_stable_offset=result.last_stable_offset,
+            log_start_offset=result.log_start_offset,
+            aborted_transactions=None,
+            preferred_read_replica=-1,
+            records=result.records,
+            **_partition_hints(r, tp, result, hints),
         )
+
+    responses: Sequence[Any]
+    if len(answered) <= SLICE_SIZE:
+        # One slice (every consumer's fetch): built at once, no turn of the event loop to give.
+        grouped: dict[TopicKey, list[Any]] = {}
+        for key in answered:
+            grouped.setdefault(key[0], []).append(partition_data(key))
+        responses = tuple(
+            build(
+                r.FetchableTopicResponse,
+                partitions=tuple(partitions),
+                **({"topic_id": topic_key} if by_id else {"topic": topic_key}),
+            )
+            for topic_key, partitions in grouped.items()
+        )
+    else:
+        by_topic: dict[TopicKey, ArrayBuilder] = {}
+        async for key in sliced(answered):
+            builder = by_topic.get(key[0])
+            if builder is None:
+                builder = by_topic[key[0]] = ArrayBuilder(r.PartitionData)
+            await builder.add(partition_data(key))
+        responses = await topic_responses(r, by_topic, by_id)
     return build(
         r.FetchResponse,
         error_code=ErrorCode.none,
         session_id=session_id,
-        responses=await topic_responses(r, by_topic, by_id),
+        responses=responses,
         node_endpoints=node_endpoints(r, broker.replica_manager, hints),
     )
 
@@ -196,52 +224,62 @@ async def read_partitions(
     visit = context.partitions
     total = 0
     first = True
+
+    def resolve(p: RequestedPartition) -> FetchRequestPartition | None:
+        """The read of partition ``p``, or None when it is answered with an error (in ``results``)."""
+        key = p.key
+        topic_key, index = key
+        resolved = topics.get(topic_key)
+        if resolved is None:
+            if isinstance(topic_key, uuid.UUID):
+                topic = image.topic_by_id(topic_key)
+                resolved = (topic.name if topic is not None else str(topic_key), topic)
+            else:
+                resolved = (str(topic_key), image.topic(str(topic_key)))
+            topics[topic_key] = resolved
+        name, topic = resolved
+        tp = tps[key] = TopicPartition(name, index)
+        partition = replica_manager.partition(tp) if topic is not None else None
+        if partition is None:
+            offline = topic is not None and replica_manager.is_offline(tp)
+            results[key] = FetchResult(ErrorCode.kafka_storage_error if offline else unknown)
+            return None
+        epoch_error = partition.leader_epoch_error(p.current_leader_epoch)
+        if epoch_error is None and not partition.is_leader:
+            # No fetch from followers (KIP-392 is not implemented): only the leader serves.
+            epoch_error = ErrorCode.not_leader_or_follower
+        if epoch_error is not None:
+            results[key] = FetchResult(epoch_error)
+            return None
+        previous = results.get(key)
+        if previous is not None:
+            nonlocal total
+            total -= len(previous.records)  # read again: its records count once
+        return FetchRequestPartition(
+            tp,
+            p.fetch_offset,
+            p.max_bytes,
+            last_fetched_epoch=p.last_fetched_epoch,
+            log_start_offset=p.log_start_offset,
+        )
+
     while True:
         reads: list[FetchRequestPartition] = []
         read_keys: list[PartitionKey] = []
-        errors = False
         # Kafka bounds the partitions of one fetch only by its size: 400,000 of them are resolved
-        # and answered a slice at a time, other clients served in between.
-        async for p in sliced(visit):
-            key = p.key
-            topic_key, index = key
-            resolved = topics.get(topic_key)
-            if resolved is None:
-                if isinstance(topic_key, uuid.UUID):
-                    topic = image.topic_by_id(topic_key)
-                    resolved = (topic.name if topic is not None else str(topic_key), topic)
-                else:
-                    resolved = (str(topic_key), image.topic(str(topic_key)))
-                topics[topic_key] = resolved
-            name, topic = resolved
-            tp = tps[key] = TopicPartition(name, index)
-            partition = replica_manager.partition(tp) if topic is not None else None
-            if partition is None:
-                offline = topic is not None and replica_manager.is_offline(tp)
-                results[key] = FetchResult(ErrorCode.kafka_storage_error if offline else unknown)
-                errors = True
-                continue
-            epoch_error = partition.leader_epoch_error(p.current_leader_epoch)
-            if epoch_error is None and not partition.is_leader:
-                # No fetch from followers (KIP-392 is not implemented): only the leader serves.
-                epoch_error = ErrorCode.not_leader_or_follower
-            if epoch_error is not None:
-                results[key] = FetchResult(epoch_error)
-                errors = True
-                continue
-            previous = results.get(key)
-            if previous is not None:
-                total -= len(previous.records)  # read again: its records count once
-            reads.append(
-                FetchRequestPartition(
-                    tp,
-                    p.fetch_offset,
-                    p.max_bytes,
-                    last_fetched_epoch=p.last_fetched_epoch,
-                    log_start_offset=p.log_start_offset,
-                )
-            )
-            read_keys.append(key)
+        # a slice at a time, other clients served in between (a fetch of one slice, as every
+        # consumer's is, has no turn of the event loop to give).
+        if len(visit) <= SLICE_SIZE:
+            for p in visit:
+                if (fetch := resolve(p)) is not None:
+                    reads.append(fetch)
+                    read_keys.append(p.key)
+        else:
+            async for p in sliced(visit):
+                if (fetch := resolve(p)) is not None:
+                    reads.append(fetch)
+                    read_keys.append(p.key)
+        errors = len(reads) < len(visit)  # some answered with an error
         if first and session is not None and replica_id >= 0:
             session.last_fetch_time_ms = replica_manager.time_ms()
         # A follower's position is recorded once per request, at its first read, as Kafka does.
