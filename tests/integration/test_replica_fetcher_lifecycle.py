@@ -68,6 +68,7 @@ class Plane:
                 replica_socket_timeout_ms=2000,
                 bind_host=None if self.wildcard else host(node_id),
             ),
+            fetch_sessions=server.fetch_sessions,
         )
         await server.start()
         await server.replica_manager.start()

@@ -72,6 +72,7 @@ class MiniControlPlane:
                 replica_high_watermark_checkpoint_interval_ms=200,
                 bind_host=host,
             ),
+            fetch_sessions=server.fetch_sessions,
         )
         await server.start()
         await server.replica_manager.start()

@@ -28,8 +28,8 @@ class FakeTransport:
     def resume_reading(self) -> None:
         self.reading = True
 
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
+    def writelines(self, parts: list[bytes]) -> None:
+        self.written.append(b"".join(parts))
 
     def close(self) -> None:
         self.closed = True
@@ -50,10 +50,10 @@ def limits(memory: int, per_ip: int = 100, total: int = 100) -> NetworkLimits:
 def connect(
     shared: NetworkLimits, ip: str = "10.0.0.1", answered: asyncio.Event | None = None
 ) -> tuple[KafkaConnection, FakeTransport]:
-    async def handle(_conn: KafkaConnection, frame: memoryview) -> bytes:
+    async def handle(_conn: KafkaConnection, frame: memoryview) -> list[bytes]:
         if answered is not None:
             await answered.wait()
-        return b"ok" + bytes(frame[:2])
+        return [b"ok", bytes(frame[:2])]
 
     connection = KafkaConnection(handle, shared)
     transport = FakeTransport(ip)

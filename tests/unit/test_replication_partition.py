@@ -214,8 +214,8 @@ def topic_state(state: PartitionState) -> TopicState:
 
 
 async def follower_fetch(manager: ReplicaManager, replica_id: int, offset: int) -> None:
-    await manager.fetch_messages(
-        [FetchRequestPartition(TP, offset, 1 << 20)], 0, 1, 1 << 20, replica_id=replica_id
+    manager.read_from_local_log(
+        [FetchRequestPartition(TP, offset, 1 << 20)], 1 << 20, replica_id, record_follower_state=True
     )
 
 

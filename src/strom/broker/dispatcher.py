@@ -28,7 +28,7 @@ from strom.protocol.framing import (
     ProtocolError,
     RequestHeader,
     decode_body,
-    encode_response,
+    encode_response_parts,
     parse_request_header,
     peek_api,
 )
@@ -82,7 +82,7 @@ class RequestDispatcher:
         self._broker = broker
         self._handlers = handlers
 
-    async def handle(self, connection: KafkaConnection, frame: memoryview) -> bytes | None:
+    async def handle(self, connection: KafkaConnection, frame: memoryview) -> list[bytes] | None:
         try:
             api_key, version, correlation_id = peek_api(frame)
         except ProtocolError as exc:
@@ -96,7 +96,7 @@ class RequestDispatcher:
             raise CloseConnection(f"unsupported api {key.name}")
         if version not in supported:
             if key == ApiKey.API_VERSIONS:
-                return _unsupported_api_versions_response(correlation_id)
+                return [_unsupported_api_versions_response(correlation_id)]
             raise CloseConnection(f"unsupported version {version} of {key.name}")
         rejected = REJECTED_VERSIONS.get(key)
         if rejected is not None and version in rejected:
@@ -114,4 +114,4 @@ class RequestDispatcher:
         response = await handler(RequestContext(header, self._broker, connection), request)
         if response is None:
             return None
-        return encode_response(header, response)
+        return encode_response_parts(header, response)

@@ -40,7 +40,9 @@ class CloseConnection(Exception):
     """Raised by a handler when the only correct answer is to close the connection."""
 
 
-RequestHandler = Callable[["KafkaConnection", memoryview], Awaitable[bytes | None]]
+# A request's response frame comes in parts (protocol.framing.encode_response_parts), written
+# with one writelines: a fetch's records are not copied into one frame first.
+RequestHandler = Callable[["KafkaConnection", memoryview], Awaitable[list[bytes] | None]]
 
 # While request memory is exhausted and held only by requests still arriving, the request let
 # through must receive MIN_PROGRESS_RATE bytes a second in every window of PROGRESS_WINDOW_S (or
@@ -306,7 +308,7 @@ class KafkaConnection(asyncio.Protocol):
                 frame = self._in_flight = self._queue.popleft()
                 response = await self._handle(self, frame)
                 if response is not None and self._transport is not None:
-                    self._transport.write(response)
+                    self._transport.writelines(response)
                     await self._can_write.wait()
                 self._in_flight = None
                 self._release(len(frame) + 4, len(frame) + 4)

@@ -1,9 +1,11 @@
 """The replica manager: every partition this broker hosts, and the produce and fetch paths over them.
 
 Produce appends to each partition's leader log; fetch reads whole batches below the
-high watermark and, when fewer than ``min_bytes`` are available, waits (a delayed
-fetch) until an append to one of its partitions or ``max_wait_ms`` -- Kafka's
-purgatory reduced to one future per waiting fetch.
+high watermark (``read_from_local_log``; handlers/fetch.py drives a fetch). Every change a
+fetch answers -- an append, a move of the high watermark or log start offset, a change of
+leadership -- goes through ``_wake_fetchers``, Kafka's purgatory keyed by partition: it wakes
+the delayed fetches waiting on that partition (``await_change``) and marks it ready in the
+fetch sessions watching it, so a session's fetch reads only what changed.
 
 With a ``ClusterLink`` (ZooKeeper mode) it is Kafka's ReplicaManager: partition states from the
 control plane make this broker leader or follower of each replica it hosts, followers fetch
@@ -22,11 +24,12 @@ import socket
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from strom.broker.cluster.metadata import ClusterLink, PartitionState, TopicState
+from strom.broker.fetch_session import FetchSessionCache
 from strom.broker.partition import NotEnoughReplicasError, Partition, TopicPartition
 from strom.broker.replica_fetcher import ReplicaFetcherManager, ReplicationConfig
 from strom.protocol.errors import ErrorCode
@@ -85,6 +88,9 @@ class FetchResult:
     records: bytes = b""
     # KIP-320: (epoch, end offset) where a follower's log diverges from the leader's.
     diverging_epoch: tuple[int, int] | None = None
+    # Records were readable at the fetch offset (below the HW, or the LEO for a follower), read
+    # or left for the byte limits: a fetch session reads the partition again at its next fetch.
+    more_available: bool = False
 
 
 # Partition states applied per step of a leadership change (their new logs created together).
@@ -133,8 +139,11 @@ class ReplicaManager:
         cluster: ClusterLink | None = None,
         replication: ReplicationConfig | None = None,
         time_ms: Callable[[], int] = wall_clock_ms,
+        fetch_sessions: FetchSessionCache | None = None,
     ) -> None:
         self.log_manager = log_manager
+        # The KIP-227 sessions fetching from this broker: told of every change a fetch answers.
+        self.fetch_sessions = fetch_sessions
         self._config_for = config_for
         self.cluster = cluster
         self.node_id = node_id if node_id is not None else (cluster.node_id if cluster is not None else 0)
@@ -158,6 +167,8 @@ class ReplicaManager:
         # Registered brokers' hosts resolved to addresses: (addresses, monotonic time resolved).
         self._resolved_hosts: dict[str, tuple[frozenset[str], float]] = {}
         self._last_refusal_logged = -REFUSAL_LOG_INTERVAL_S
+        # (log start offset, offline) per partition at the last report_log_start_offsets.
+        self._reported_log_states: dict[TopicPartition, tuple[int, bool]] = {}
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -815,9 +826,12 @@ class ReplicaManager:
         max_bytes: int,
         replica_id: int = -1,
         record_follower_state: bool = False,
+        min_one_batch: bool = True,
     ) -> tuple[dict[TopicPartition, FetchResult], int]:
         """Consumers (``replica_id`` < 0) read below the HW of partitions led here; a follower
-        reads up to the LEO and, with ``record_follower_state``, its fetch offset counts as its LEO."""
+        reads up to the LEO and, with ``record_follower_state``, its fetch offset counts as its LEO.
+        With ``min_one_batch`` the first partition with data gets one batch whatever the limits
+        (a fetch that reads again after waiting, and read records before, passes False)."""
         results: dict[TopicPartition, FetchResult] = {}
         remaining = max_bytes
         total = 0
@@ -853,7 +867,7 @@ class ReplicaManager:
                 data = partition.read_records(
                     request.fetch_offset,
                     min(request.max_bytes, remaining),
-                    min_one_batch=total == 0,
+                    min_one_batch=min_one_batch and total == 0,
                     up_to_log_end=follower,
                 )
             except StorageError as exc:
@@ -867,8 +881,15 @@ class ReplicaManager:
             result.high_watermark = partition.high_watermark
             result.last_stable_offset = partition.last_stable_offset
             result.log_start_offset = partition.log_start_offset
+            result.more_available = request.fetch_offset < (
+                partition.log_end_offset if follower else partition.high_watermark
+            )
             results[request.tp] = result
         return results, total
+
+    def time_ms(self) -> int:
+        """The clock follower fetch states are kept in."""
+        return self._time_ms()
 
     def _record_follower_fetch(
         self,
@@ -886,27 +907,8 @@ class ReplicaManager:
         if self.broker_epoch(replica_id) is not None:
             self._maybe_alter_isr(partition, partition.isr_expansion(replica_id))
 
-    async def fetch_messages(
-        self,
-        requests: list[FetchRequestPartition],
-        max_wait_ms: int,
-        min_bytes: int,
-        max_bytes: int,
-        replica_id: int = -1,
-    ) -> dict[TopicPartition, FetchResult]:
-        deadline = time.monotonic() + max_wait_ms / 1000
-        first = True
-        while True:
-            # A follower's position is recorded once per request, at its first read, as Kafka does.
-            results, total = self.read_from_local_log(requests, max_bytes, replica_id, first)
-            first = False
-            remaining = deadline - time.monotonic()
-            errors = any(r.error != ErrorCode.none or r.diverging_epoch is not None for r in results.values())
-            if total >= min_bytes or errors or remaining <= 0 or not requests:
-                return results
-            await self._await_append([r.tp for r in requests], remaining)
-
-    async def _await_append(self, tps: list[TopicPartition], timeout: float) -> None:
+    async def await_change(self, tps: list[TopicPartition], timeout: float) -> None:
+        """A delayed fetch of ``tps``: until one of them changes (``_wake_fetchers``), or ``timeout`` s."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         for tp in tps:
             self._fetch_waiters[tp].append(waiter)
@@ -924,9 +926,44 @@ class ReplicaManager:
                         del self._fetch_waiters[tp]
 
     def _wake_fetchers(self, tp: TopicPartition) -> None:
+        """Something a fetch of ``tp`` answers may have changed (an append, the HW or log start
+        offset, leadership): delayed fetches waiting on it wake, and fetch sessions read it at
+        their next fetch."""
+        if self.fetch_sessions is not None:
+            for session in self.fetch_sessions.partition_changed(tp):
+                if session.replica_id >= 0:
+                    self._follower_was_caught_up(tp, session.replica_id, session.last_fetch_time_ms)
         for waiter in self._fetch_waiters.pop(tp, ()):
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _follower_was_caught_up(self, tp: TopicPartition, replica_id: int, fetch_time_ms: int) -> None:
+        """A follower's session has not read ``tp`` since it last was marked: the follower fetched
+        it at every fetch since then at the same offset, and nothing changed it, so if it was
+        caught up at the fetch it was last read in, it was at its session's last fetch too (what
+        Kafka records by reading every partition of the session at every fetch)."""
+        partition = self._partitions.get(tp)
+        follower = partition.followers.get(replica_id) if partition is not None else None
+        if follower is not None and follower.log_end_offset >= follower.last_fetch_leader_log_end_offset:
+            follower.last_caught_up_time_ms = max(follower.last_caught_up_time_ms, fetch_time_ms)
+            follower.last_fetch_time_ms = max(follower.last_fetch_time_ms, fetch_time_ms)
+
+    def report_log_start_offsets(self, tps: Iterable[TopicPartition] | None = None) -> None:
+        """Wake fetches of the partitions (``tps``, else all hosted) whose log start offset moved,
+        or whose log dir went offline, outside the fetch and produce paths since the last report:
+        the broker calls this after each retention pass and each DeleteRecords."""
+        seen = self._reported_log_states
+        for tp in self._partitions if tps is None else tps:
+            partition = self._partitions.get(tp)
+            if partition is None:
+                continue
+            state = (partition.log_start_offset, partition.offline)
+            if seen.get(tp) != state:
+                self._wake_fetchers(tp)
+                seen[tp] = state
+        if tps is None:
+            for tp in [tp for tp in seen if tp not in self._partitions]:
+                del seen[tp]
 
     def wake_all_fetchers(self) -> None:
         for tp in list(self._fetch_waiters):

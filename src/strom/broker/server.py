@@ -144,15 +144,16 @@ class BrokerServer:
             store = LocalDynamicConfigStore(log_dirs[0])
         self.dynamic_config = DynamicBrokerConfig(self, store)
         self.log_manager = LogManager(log_dirs)
+        # KIP-227 incremental fetch sessions of followers and consumers fetching from this broker.
+        self.fetch_sessions = FetchSessionCache(config.max_incremental_fetch_session_cache_slots)
         self.replica_manager = ReplicaManager(
             self.log_manager,
             self.log_config,
             node_id=self.node_id,
             cluster=self.cluster,
             replication=ReplicationConfig.from_kafka_config(config),
+            fetch_sessions=self.fetch_sessions,
         )
-        # KIP-227 incremental fetch sessions of followers and consumers fetching from this broker.
-        self.fetch_sessions = FetchSessionCache(config.max_incremental_fetch_session_cache_slots)
         # A cluster's controller (the broker contends for /controller) and the partition states
         # this broker applied, (leader epoch, partition epoch) per partition, by topic.
         self.controller: Controller | None = None
@@ -567,6 +568,7 @@ class BrokerServer:
         deleted = self.log_manager.cleanup_logs()
         if deleted:
             log.info("retention deleted segments", extra={"segments": deleted})
+        self.replica_manager.report_log_start_offsets()
         # Retention and DeleteRecords only rename segment files; unlinking them is slow.
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.delete_pending_files)
 

@@ -36,6 +36,7 @@ __all__ = [
     "encode_elements",
     "encode_request",
     "encode_response",
+    "encode_response_parts",
     "parse_request_header",
     "peek_api",
     "response_correlation_id",
@@ -185,7 +186,7 @@ def decode_body(entity_type: type[Any], frame: memoryview, offset: int) -> Any:
 
 
 # The buffer encode_response is writing, for the EncodedArray values of the body it encodes.
-_encoding: contextvars.ContextVar[io.BytesIO] = contextvars.ContextVar("encoding")
+_encoding: contextvars.ContextVar[io.BytesIO | _FrameParts] = contextvars.ContextVar("encoding")
 
 
 class EncodedArray(Sequence[Any]):
@@ -228,10 +229,42 @@ def encode_elements(element_type: type[Any], elements: Sequence[Any]) -> bytes:
     return buf.getvalue()
 
 
-def encode_response(header: RequestHeader, body: Any) -> bytes:
-    """A whole response frame: size, response header, body (whose arrays may be EncodedArrays)."""
-    buf = io.BytesIO()
-    buf.write(b"\0\0\0\0")
+# A value at least this long (a fetch's record batches) is not copied into the response frame:
+# the frame is sent as parts around it (encode_response_parts).
+SPLICE_BYTES = 64 * 1024
+
+
+class _FrameParts:
+    """encode_response_parts' buffer: the small fields gathered into BytesIO parts, each long value
+    kept as its own part, so a fetch's records go to the socket without being copied again."""
+
+    __slots__ = ("_buf", "_parts")
+
+    def __init__(self) -> None:
+        self._buf = io.BytesIO()
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        size = len(data)
+        if size >= SPLICE_BYTES:
+            if self._buf.tell():
+                self._parts.append(self._buf.getvalue())
+                self._buf = io.BytesIO()
+            self._parts.append(data)
+        else:
+            self._buf.write(data)
+        return size
+
+    def parts(self) -> list[bytes]:
+        if self._buf.tell():
+            self._parts.append(self._buf.getvalue())
+        return self._parts
+
+
+def encode_response_parts(header: RequestHeader, body: Any) -> list[bytes]:
+    """A whole response frame -- size, response header, body (whose arrays may be EncodedArrays)
+    -- as parts to send one after the other (a transport's ``writelines``)."""
+    buf = _FrameParts()
     buf.write(struct.pack(">i", header.correlation_id))
     if header.flexible and header.api_key != ApiKey.API_VERSIONS:
         buf.write(b"\0")  # response header v1: no tagged fields
@@ -240,10 +273,14 @@ def encode_response(header: RequestHeader, body: Any) -> bytes:
         entity_writer(type(body))(buf, body)
     finally:
         _encoding.reset(token)
-    frame = buf.getbuffer()
-    SIZE.pack_into(frame, 0, len(frame) - 4)
-    del frame
-    return buf.getvalue()
+    parts = buf.parts()
+    parts.insert(0, SIZE.pack(sum(len(part) for part in parts)))
+    return parts
+
+
+def encode_response(header: RequestHeader, body: Any) -> bytes:
+    """A whole response frame: size, response header, body (whose arrays may be EncodedArrays)."""
+    return b"".join(encode_response_parts(header, body))
 
 
 # -- the client side: requests out, responses in --------------------------------------------

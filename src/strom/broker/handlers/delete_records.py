@@ -17,23 +17,26 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     # (topic, [partition index, low watermark, error]) in request order.
     outcomes: list[tuple[str, list[list[Any]]]] = []
-    moved = False
+    moved: list[TopicPartition] = []
     for topic in request.topics:
         partitions = []
         for p in topic.partitions:
             error, low_watermark = ErrorCode.none, -1
-            partition = ctx.broker.replica_manager.partition(TopicPartition(topic.name, p.partition_index))
+            tp = TopicPartition(topic.name, p.partition_index)
+            partition = ctx.broker.replica_manager.partition(tp)
             if partition is None:
                 error = ErrorCode.unknown_topic_or_partition
             else:
                 try:
                     low_watermark = partition.delete_records_on_leader(p.offset)
-                    moved = True
+                    moved.append(tp)
                 except StorageError as exc:
                     error = error_code_of(exc)
             partitions.append([p.partition_index, low_watermark, error])
         outcomes.append((topic.name, partitions))
     if moved:
+        # Fetch sessions answer the new log start offsets.
+        ctx.broker.replica_manager.report_log_start_offsets(moved)
         # The new log start offsets are on disk before the answer says so (fsync off the loop).
         log_manager = ctx.broker.log_manager
         try:

@@ -7,8 +7,8 @@ gets one whole batch, as in Kafka, so a batch larger than the limits is not stuc
 Incremental fetch sessions (KIP-227, ``strom.broker.fetch_session``) from v7: a full fetch
 with session epoch 0 opens a session and its response carries the session id; incremental
 fetches name the session and its next epoch, list only the partitions whose request changed
-and forget the ones dropped; the broker reads every partition of the session and answers only
-those with records, a changed high watermark, last stable offset or log start offset, an error
+and forget the ones dropped; the broker reads the partitions of the session that changed since
+(its ready set) and those listed, and answers only those with records, a changed high watermark, last stable offset or log start offset, an error
 or a diverging epoch. Epoch -1 is a sessionless full fetch, answered with session id 0 and
 every requested partition, as before KIP-227 (librdkafka and aiokafka fetch so). An unknown
 session is FETCH_SESSION_ID_NOT_FOUND, a wrong epoch INVALID_FETCH_SESSION_EPOCH, and a
@@ -23,22 +23,24 @@ follower fetch it does not record, and no fetch session is touched.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from strom.broker.cluster.metadata import TopicState
+from strom.broker.cluster.metadata import MetadataImage, TopicState
 from strom.broker.dispatcher import RequestContext
 from strom.broker.fetch_session import (
     FINAL_EPOCH,
     INVALID_SESSION_ID,
+    FetchContext,
     PartitionKey,
     RequestedPartition,
     TopicKey,
 )
 from strom.broker.partition import TopicPartition
-from strom.broker.replica_manager import FetchRequestPartition, FetchResult
-from strom.broker.slices import ArrayBuilder, sliced
+from strom.broker.replica_manager import FetchRequestPartition, FetchResult, ReplicaManager
+from strom.broker.slices import SLICE_SIZE, ArrayBuilder, sliced
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build, has_field, to_ms
 
@@ -74,18 +76,29 @@ async def requested_partitions(
     """
     by_id = version >= 13
     requested: dict[PartitionKey, RequestedPartition] = {}
-    async for fetch_topic in sliced(request.topics):
-        topic_key = fetch_topic.topic_id if by_id else fetch_topic.topic
-        async for p in sliced(fetch_topic.partitions):
-            key = (topic_key, p.partition)
-            requested[key] = RequestedPartition(
-                key,
-                p.fetch_offset,
-                max(0, p.partition_max_bytes),
-                log_start_offset=getattr(p, "log_start_offset", -1),
-                current_leader_epoch=getattr(p, "current_leader_epoch", -1),
-                last_fetched_epoch=getattr(p, "last_fetched_epoch", -1),
-            )
+
+    def add(topic_key: TopicKey, p: Any) -> None:
+        key = (topic_key, p.partition)
+        requested[key] = RequestedPartition(
+            key,
+            p.fetch_offset,
+            max(0, p.partition_max_bytes),
+            log_start_offset=getattr(p, "log_start_offset", -1),
+            current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+            last_fetched_epoch=getattr(p, "last_fetched_epoch", -1),
+        )
+
+    topics = request.topics
+    if len(topics) <= SLICE_SIZE and sum(len(t.partitions) for t in topics) <= SLICE_SIZE:
+        # One slice (every consumer's fetch): no turn of the event loop to give.
+        for fetch_topic in topics:
+            for p in fetch_topic.partitions:
+                add(fetch_topic.topic_id if by_id else fetch_topic.topic, p)
+    else:
+        async for fetch_topic in sliced(topics):
+            topic_key = fetch_topic.topic_id if by_id else fetch_topic.topic
+            async for p in sliced(fetch_topic.partitions):
+                add(topic_key, p)
     forgotten: list[PartitionKey] = [
         (topic.topic_id if by_id else topic.topic, partition)
         for topic in getattr(request, "forgotten_topics_data", None) or ()
@@ -114,20 +127,108 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         uses_topic_ids=by_id,
         privileged=replica_id >= 0,
         owner=ctx.connection,
+        replica_id=replica_id,
     )
     if context.error != ErrorCode.none:
         return build(r.FetchResponse, error_code=context.error, session_id=INVALID_SESSION_ID, responses=())
+    try:
+        results, tps = await read_partitions(
+            image,
+            broker.replica_manager,
+            context,
+            by_id=by_id,
+            replica_id=replica_id,
+            max_wait_ms=to_ms(request.max_wait),
+            min_bytes=request.min_bytes,
+            max_bytes=max(0, min(getattr(request, "max_bytes", 0x7FFFFFFF), broker.config.fetch_max_bytes)),
+        )
+        error, session_id, answered = context.respond(results, tps)
+    finally:
+        context.abandon()  # unless answered: what the fetch took stays ready for the next one
+    if error != ErrorCode.none:
+        return build(r.FetchResponse, error_code=error, session_id=session_id, responses=())
+    hints = leader_hints(
+        broker.replica_manager,
+        [tps[key] for key in answered if results[key].error in LEADER_ERRORS],
+    )
 
-    reads: list[FetchRequestPartition] = []
-    errors: dict[TopicPartition, FetchResult] = {}
-    # Each partition of the fetch (its request, or its whole session) and its name.
+    def partition_data(key: PartitionKey) -> Any:
+        tp = tps[key]
+        result = results[key]
+        return build(
+            r.PartitionData,
+            partition_index=tp.partition,
+            error_code=result.error,
+            high_watermark=result.high_watermark,
+            last_stable_offset=result.last_stable_offset,
+            log_start_offset=result.log_start_offset,
+            aborted_transactions=None,
+            preferred_read_replica=-1,
+            records=result.records,
+            **_partition_hints(r, tp, result, hints),
+        )
+
+    responses: Sequence[Any]
+    if len(answered) <= SLICE_SIZE:
+        # One slice (every consumer's fetch): built at once, no turn of the event loop to give.
+        grouped: dict[TopicKey, list[Any]] = {}
+        for key in answered:
+            grouped.setdefault(key[0], []).append(partition_data(key))
+        responses = tuple(
+            build(
+                r.FetchableTopicResponse,
+                partitions=tuple(partitions),
+                **({"topic_id": topic_key} if by_id else {"topic": topic_key}),
+            )
+            for topic_key, partitions in grouped.items()
+        )
+    else:
+        by_topic: dict[TopicKey, ArrayBuilder] = {}
+        async for key in sliced(answered):
+            builder = by_topic.get(key[0])
+            if builder is None:
+                builder = by_topic[key[0]] = ArrayBuilder(r.PartitionData)
+            await builder.add(partition_data(key))
+        responses = await topic_responses(r, by_topic, by_id)
+    return build(
+        r.FetchResponse,
+        error_code=ErrorCode.none,
+        session_id=session_id,
+        responses=responses,
+        node_endpoints=node_endpoints(r, broker.replica_manager, hints),
+    )
+
+
+async def read_partitions(
+    image: MetadataImage,
+    replica_manager: ReplicaManager,
+    context: FetchContext,
+    *,
+    by_id: bool,
+    replica_id: int,
+    max_wait_ms: int,
+    min_bytes: int,
+    max_bytes: int,
+) -> tuple[dict[PartitionKey, FetchResult], dict[PartitionKey, TopicPartition]]:
+    """Read the fetch's partitions (a session's: only those ready, see ``strom.broker.fetch_session``)
+    and, while fewer than ``min_bytes`` are available, wait up to ``max_wait_ms`` (a delayed fetch)
+    for a change to one of them -- a session's fetch for a change to any partition of the session --
+    and read what changed. Returns each partition's result and what its key was resolved to."""
+    results: dict[PartitionKey, FetchResult] = {}
     tps: dict[PartitionKey, TopicPartition] = {}
     topics: dict[TopicKey, tuple[str, TopicState | None]] = {}
     unknown = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
-    # Kafka bounds the partitions of one fetch only by its size: 400,000 of them are resolved and
-    # answered a slice at a time, other clients served in between.
-    async for p in sliced(context.partitions):
-        topic_key, index = p.key
+    session = context.session
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max_wait_ms / 1000
+    visit = context.partitions
+    total = 0
+    first = True
+
+    def resolve(p: RequestedPartition) -> FetchRequestPartition | None:
+        """The read of partition ``p``, or None when it is answered with an error (in ``results``)."""
+        key = p.key
+        topic_key, index = key
         resolved = topics.get(topic_key)
         if resolved is None:
             if isinstance(topic_key, uuid.UUID):
@@ -137,73 +238,71 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
                 resolved = (str(topic_key), image.topic(str(topic_key)))
             topics[topic_key] = resolved
         name, topic = resolved
-        tp = tps[p.key] = TopicPartition(name, index)
-        partition = broker.replica_manager.partition(tp) if topic is not None else None
+        tp = tps[key] = TopicPartition(name, index)
+        partition = replica_manager.partition(tp) if topic is not None else None
         if partition is None:
-            offline = topic is not None and broker.replica_manager.is_offline(tp)
-            errors[tp] = FetchResult(ErrorCode.kafka_storage_error if offline else unknown)
-            continue
+            offline = topic is not None and replica_manager.is_offline(tp)
+            results[key] = FetchResult(ErrorCode.kafka_storage_error if offline else unknown)
+            return None
         epoch_error = partition.leader_epoch_error(p.current_leader_epoch)
         if epoch_error is None and not partition.is_leader:
             # No fetch from followers (KIP-392 is not implemented): only the leader serves.
             epoch_error = ErrorCode.not_leader_or_follower
         if epoch_error is not None:
-            errors[tp] = FetchResult(epoch_error)
-            continue
-        reads.append(
-            FetchRequestPartition(
-                tp,
-                p.fetch_offset,
-                p.max_bytes,
-                last_fetched_epoch=p.last_fetched_epoch,
-                log_start_offset=p.log_start_offset,
-            )
+            results[key] = FetchResult(epoch_error)
+            return None
+        previous = results.get(key)
+        if previous is not None:
+            nonlocal total
+            total -= len(previous.records)  # read again: its records count once
+        return FetchRequestPartition(
+            tp,
+            p.fetch_offset,
+            p.max_bytes,
+            last_fetched_epoch=p.last_fetched_epoch,
+            log_start_offset=p.log_start_offset,
         )
 
-    max_wait_ms = to_ms(request.max_wait)
-    max_bytes = max(0, min(getattr(request, "max_bytes", 0x7FFFFFFF), broker.config.fetch_max_bytes))
-    if errors:
-        max_wait_ms = 0  # answer errors at once, as Kafka completes such a fetch immediately
-    results = await broker.replica_manager.fetch_messages(
-        reads, max_wait_ms, request.min_bytes, max_bytes, replica_id=replica_id
-    )
-    results.update(errors)
-    error, session_id, answered = context.respond({key: results[tp] for key, tp in tps.items()})
-    if error != ErrorCode.none:
-        return build(r.FetchResponse, error_code=error, session_id=session_id, responses=())
-    hints = leader_hints(
-        broker.replica_manager,
-        [tps[key] for key in answered if results[tps[key]].error in LEADER_ERRORS],
-    )
-
-    by_topic: dict[TopicKey, ArrayBuilder] = {}
-    async for key in sliced(answered):
-        tp = tps[key]
-        result = results[tp]
-        partitions = by_topic.get(key[0])
-        if partitions is None:
-            partitions = by_topic[key[0]] = ArrayBuilder(r.PartitionData)
-        await partitions.add(
-            build(
-                r.PartitionData,
-                partition_index=tp.partition,
-                error_code=result.error,
-                high_watermark=result.high_watermark,
-                last_stable_offset=result.last_stable_offset,
-                log_start_offset=result.log_start_offset,
-                aborted_transactions=None,
-                preferred_read_replica=-1,
-                records=result.records,
-                **_partition_hints(r, tp, result, hints),
-            )
+    while True:
+        reads: list[FetchRequestPartition] = []
+        read_keys: list[PartitionKey] = []
+        # Kafka bounds the partitions of one fetch only by its size: 400,000 of them are resolved
+        # a slice at a time, other clients served in between (a fetch of one slice, as every
+        # consumer's is, has no turn of the event loop to give).
+        if len(visit) <= SLICE_SIZE:
+            for p in visit:
+                if (fetch := resolve(p)) is not None:
+                    reads.append(fetch)
+                    read_keys.append(p.key)
+        else:
+            async for p in sliced(visit):
+                if (fetch := resolve(p)) is not None:
+                    reads.append(fetch)
+                    read_keys.append(p.key)
+        errors = len(reads) < len(visit)  # some answered with an error
+        if first and session is not None and replica_id >= 0:
+            session.last_fetch_time_ms = replica_manager.time_ms()
+        # A follower's position is recorded once per request, at its first read, as Kafka does.
+        read, _ = replica_manager.read_from_local_log(
+            reads, max(0, max_bytes - total), replica_id, first, min_one_batch=total == 0
         )
-    return build(
-        r.FetchResponse,
-        error_code=ErrorCode.none,
-        session_id=session_id,
-        responses=await topic_responses(r, by_topic, by_id),
-        node_endpoints=node_endpoints(r, broker.replica_manager, hints),
-    )
+        first = False
+        for key, fetch in zip(read_keys, reads, strict=True):
+            result = results[key] = read[fetch.tp]
+            total += len(result.records)
+            if result.error != ErrorCode.none or result.diverging_epoch is not None:
+                errors = True
+        remaining = deadline - loop.time()
+        # Errors are answered at once, as Kafka completes such a fetch immediately.
+        if errors or total >= min_bytes or remaining <= 0:
+            return results, tps
+        if session is not None:
+            await session.wait_for_change(remaining)
+            visit = context.take_ready()
+        elif reads:
+            await replica_manager.await_change([fetch.tp for fetch in reads], remaining)
+        else:
+            return results, tps
 
 
 async def topic_responses(r: Any, by_topic: dict[TopicKey, ArrayBuilder], by_id: bool) -> Sequence[Any]:
