@@ -22,7 +22,7 @@ from kio.serial import entity_reader, entity_writer
 
 from strom.protocol.apis import ApiKey, is_flexible, response_entity
 from strom.protocol.errors import ErrorCode, ProtocolError
-from strom.protocol.guard import check_body, read_uvarint
+from strom.protocol.guard import TooManyElements, check_body, read_uvarint
 
 __all__ = [
     "SIZE",
@@ -31,6 +31,7 @@ __all__ = [
     "FrameSizeError",
     "ProtocolError",
     "RequestHeader",
+    "TooManyElements",
     "decode_body",
     "decode_response",
     "encode_elements",
@@ -170,13 +171,16 @@ def parse_request_header(frame: memoryview) -> tuple[RequestHeader, int]:
     return RequestHeader(api_key, api_version, correlation_id, client_id, flexible), pos
 
 
-def decode_body(entity_type: type[Any], frame: memoryview, offset: int) -> Any:
+def decode_body(
+    entity_type: type[Any], frame: memoryview, offset: int, max_elements: int | None = None
+) -> Any:
     """Decode a request body with kio; bytes after the body are tolerated, as Kafka does.
 
     The body is walked first (``strom.protocol.guard``): no length read from the wire can
-    make kio allocate more than the frame holds.
+    make kio allocate more than the frame holds. With ``max_elements``, a body whose arrays
+    hold more elements raises TooManyElements before anything is decoded.
     """
-    check_body(entity_type, frame, offset)
+    check_body(entity_type, frame, offset, max_elements)
     try:
         value, _size = entity_reader(entity_type)(frame, offset)
     except Exception as exc:  # kio raises a variety of errors for malformed input
