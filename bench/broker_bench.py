@@ -41,7 +41,8 @@ from benchlib import (
 )
 
 DEFAULT_RECORDS = {100: 1_000_000, 1024: 300_000}
-PY_SPY = REPO / ".venv" / "bin" / "py-spy"
+# py-spy for --profile: $PY_SPY if set (a scratch venv's, say), else the repository venv's.
+PY_SPY = Path(os.environ.get("PY_SPY") or REPO / ".venv" / "bin" / "py-spy")
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def py_spy(broker: Broker, name: str) -> Iterator[None]:
     """Samples the broker with py-spy while the block runs; writes collapsed stacks (raw format,
     per source line) to bench/out/profile-<name>.txt and prints the top functions by self time."""
     if not PY_SPY.exists():
-        raise BenchError(f"{PY_SPY} missing: .venv/bin/pip install py-spy (profiling only)")
+        raise BenchError(f"{PY_SPY} missing: .venv/bin/pip install py-spy, or set PY_SPY (profiling only)")
     path = OUT / f"profile-{name}.txt"
     spy = start_py_spy(broker.pid, path)
     time.sleep(0.5)  # attach before load starts

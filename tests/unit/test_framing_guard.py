@@ -11,11 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from kio.schema.produce.v9 import request as pr
 from kio.serial import entity_reader
 
 from strom.protocol.apis import request_entity
 from strom.protocol.framing import FrameDecoder, FrameSizeError, ProtocolError, decode_body, decode_response
-from strom.protocol.guard import check_body, length_prefixes
+from strom.protocol.guard import TooManyElements, check_body, length_prefixes
 from wire_requests import encode_body, sample_request, served_versions
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -153,3 +154,38 @@ def test_a_known_tagged_field_must_fill_its_size_exactly() -> None:
     padded = body[:-1] + bytes([1, 0, 5, 3]) + b"ab\0\0"
     with pytest.raises(ProtocolError, match="does not fill its size"):
         check_body(entity, memoryview(padded), 0)
+
+
+def test_a_limited_walk_counts_array_elements_not_bytes() -> None:
+    """The dispatcher decodes a large frame on the event loop only if its walk stays within a few
+    elements: a megabyte of records is one element of one partition, 3,000 short names are 3,000."""
+    records = b"r" * (1 << 20)
+    produce = pr.ProduceRequest(
+        transactional_id=None,
+        acks=pr.i16(1),
+        timeout=datetime.timedelta(seconds=30),
+        topic_data=(
+            pr.TopicProduceData(
+                name=pr.TopicName("t"),
+                partition_data=(pr.PartitionProduceData(index=pr.i32(0), records=records),),
+            ),
+        ),
+    )
+    body = memoryview(encode_body(produce))
+    assert check_body(pr.ProduceRequest, body, 0, max_elements=2) == len(body)
+    decoded = decode_body(pr.ProduceRequest, body, 0, max_elements=2)
+    assert decoded.topic_data[0].partition_data[0].records == records
+
+    groups = request_entity(15, 5)  # DescribeGroups v5
+    names = memoryview(
+        encode_body(groups(groups=tuple(f"g{i}" for i in range(3000)), include_authorized_operations=False))
+    )
+    with pytest.raises(TooManyElements):
+        check_body(groups, names, 0, max_elements=1000)
+    with pytest.raises(TooManyElements):
+        decode_body(groups, names, 0, max_elements=2999)
+    assert check_body(groups, names, 0, max_elements=3000) == len(names)
+    assert check_body(groups, names, 0) == len(names)
+    # A body found malformed before the limit is reached is malformed, not too long.
+    with pytest.raises(ProtocolError):
+        check_body(groups, names[:-10], 0, max_elements=10_000)

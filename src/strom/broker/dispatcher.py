@@ -6,9 +6,12 @@ client can retry with a version it finds in the list); anything else that cannot
 be decoded -- unknown API key, unsupported version, malformed body -- closes the
 connection. Every body is walked by ``strom.protocol.guard`` before kio decodes it
 (``decode_body``), so no length read from the wire can make the decoder allocate more
-than the frame holds, and a handler never sees a null where the schema allows none. A frame
-of more than ``WORKER_DECODE_BYTES`` is walked and decoded on a worker thread: a 2 MB request
-of a million one-byte names costs the walk a second, which the event loop must not wait for.
+than the frame holds, and a handler never sees a null where the schema allows none. Walking
+and decoding cost follows a body's array elements, not its bytes: a 2 MB request of a million
+one-byte names costs the walk a second, which the event loop must not wait for, while a 1 MB
+produce request is a few steps. So a frame of more than ``WORKER_DECODE_BYTES`` is walked on
+the loop only up to ``INLINE_DECODE_ELEMENTS`` elements, and walked and decoded on a worker
+thread if it holds more (the hop to a thread costs a produce request more than its decoding).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from strom.protocol.errors import ErrorCode
 from strom.protocol.framing import (
     ProtocolError,
     RequestHeader,
+    TooManyElements,
     decode_body,
     encode_response_parts,
     parse_request_header,
@@ -38,9 +42,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Frames larger than this are walked and decoded on a worker thread (a produce of 256 KiB of
-# records is one step of the walk, but 256 KiB of names are a hundred thousand).
+# Frames larger than this are walked and decoded on a worker thread if their arrays hold more
+# than INLINE_DECODE_ELEMENTS elements (a produce of 256 KiB of records is one step of the walk,
+# but 256 KiB of names are a hundred thousand).
 WORKER_DECODE_BYTES = 256 * 1024
+# About a millisecond of walking and decoding on the event loop.
+INLINE_DECODE_ELEMENTS = 1000
 
 
 @dataclass(slots=True)
@@ -72,9 +79,11 @@ def _unsupported_api_versions_response(correlation_id: int) -> bytes:
     return struct.pack(">i", len(body)) + body
 
 
-def _decode_request(api_key: int, version: int, frame: memoryview) -> tuple[RequestHeader, Any]:
+def _decode_request(
+    api_key: int, version: int, frame: memoryview, max_elements: int | None = None
+) -> tuple[RequestHeader, Any]:
     header, body_offset = parse_request_header(frame)
-    return header, decode_body(request_entity(api_key, version), frame, body_offset)
+    return header, decode_body(request_entity(api_key, version), frame, body_offset, max_elements)
 
 
 class RequestDispatcher:
@@ -102,12 +111,15 @@ class RequestDispatcher:
         if rejected is not None and version in rejected:
             raise CloseConnection(f"{key.name} v{version} is no longer supported (KIP-896)")
         try:
-            if len(frame) > WORKER_DECODE_BYTES:
-                header, request = await asyncio.get_running_loop().run_in_executor(
-                    None, _decode_request, api_key, version, frame
-                )
-            else:
+            if len(frame) <= WORKER_DECODE_BYTES:
                 header, request = _decode_request(api_key, version, frame)
+            else:
+                try:
+                    header, request = _decode_request(api_key, version, frame, INLINE_DECODE_ELEMENTS)
+                except TooManyElements:
+                    header, request = await asyncio.get_running_loop().run_in_executor(
+                        None, _decode_request, api_key, version, frame
+                    )
         except ProtocolError as exc:
             raise CloseConnection(f"malformed {key.name} v{version} request: {exc}") from exc
         handler = self._handlers[key]

@@ -22,7 +22,7 @@ from kio.serial import entity_reader, entity_writer
 
 from strom.protocol.apis import ApiKey, is_flexible, response_entity
 from strom.protocol.errors import ErrorCode, ProtocolError
-from strom.protocol.guard import check_body, read_uvarint
+from strom.protocol.guard import TooManyElements, check_body, read_uvarint
 
 __all__ = [
     "SIZE",
@@ -31,6 +31,7 @@ __all__ = [
     "FrameSizeError",
     "ProtocolError",
     "RequestHeader",
+    "TooManyElements",
     "decode_body",
     "decode_response",
     "encode_elements",
@@ -61,24 +62,27 @@ class FrameDecoder:
 
     A size prefix is checked against ``[min_size, max_size]`` as soon as its four bytes are
     in; nothing is allocated for it. A frame that lies whole inside one received chunk is
-    returned as a view of that chunk (no copy); one spread over several chunks grows a
-    buffer chunk by chunk, so a peer that announces 100 MiB and sends nothing costs
-    four bytes, not 100 MiB. Frames come out as read-only views (what kio decodes).
+    returned as a view of that chunk (no copy); one spread over several chunks is held as
+    views of its chunks and joined once, when its last byte arrives (one copy; a buffer grown
+    chunk by chunk copied a 1 MB frame several times over as it reallocated), so a peer that
+    announces 100 MiB and sends nothing costs four bytes, not 100 MiB. Frames come out as
+    read-only views (what kio decodes); the chunks fed must not change afterwards.
     """
 
-    __slots__ = ("_head", "_max", "_min", "_partial", "_size")
+    __slots__ = ("_head", "_max", "_min", "_partial", "_partial_bytes", "_size")
 
     def __init__(self, max_size: int, min_size: int = 0) -> None:
         self._max = max_size
         self._min = min_size
         self._head = bytearray()  # the size prefix, while fewer than 4 bytes of it arrived
         self._size = -1  # the size of the frame being received, -1 between frames
-        self._partial = bytearray()  # the frame's bytes so far, when it spans chunks
+        self._partial: list[memoryview] = []  # the frame's pieces so far, when it spans chunks
+        self._partial_bytes = 0
 
     @property
     def buffered(self) -> int:
         """Bytes held for the frame being received (its prefix included)."""
-        return len(self._head) + len(self._partial) + (4 if self._size >= 0 else 0)
+        return len(self._head) + self._partial_bytes + (4 if self._size >= 0 else 0)
 
     @property
     def mid_frame(self) -> bool:
@@ -111,13 +115,14 @@ class FrameDecoder:
                     pos += size
                     continue
                 self._size = size
-            partial = self._partial
-            taken = min(size - len(partial), end - pos)
-            partial += view[pos : pos + taken]
+            taken = min(size - self._partial_bytes, end - pos)
+            self._partial.append(view[pos : pos + taken])
+            self._partial_bytes += taken
             pos += taken
-            if len(partial) == size:
-                frames.append(memoryview(partial).toreadonly())
-                self._partial = bytearray()
+            if self._partial_bytes == size:
+                frames.append(memoryview(b"".join(self._partial)))
+                self._partial = []
+                self._partial_bytes = 0
                 self._size = -1
         return frames
 
@@ -171,13 +176,16 @@ def parse_request_header(frame: memoryview) -> tuple[RequestHeader, int]:
     return RequestHeader(api_key, api_version, correlation_id, client_id, flexible), pos
 
 
-def decode_body(entity_type: type[Any], frame: memoryview, offset: int) -> Any:
+def decode_body(
+    entity_type: type[Any], frame: memoryview, offset: int, max_elements: int | None = None
+) -> Any:
     """Decode a request body with kio; bytes after the body are tolerated, as Kafka does.
 
     The body is walked first (``strom.protocol.guard``): no length read from the wire can
-    make kio allocate more than the frame holds.
+    make kio allocate more than the frame holds. With ``max_elements``, a body whose arrays
+    hold more elements raises TooManyElements before anything is decoded.
     """
-    check_body(entity_type, frame, offset)
+    check_body(entity_type, frame, offset, max_elements)
     try:
         value, _size = entity_reader(entity_type)(frame, offset)
     except Exception as exc:  # kio raises a variety of errors for malformed input

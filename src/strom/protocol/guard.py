@@ -14,7 +14,10 @@ request it cannot parse.
 
 The walk costs one step per field (an array of fixed-size elements is one step, a
 records field is one step whatever it holds), a few microseconds for a produce
-request.
+request. So the cost of walking and decoding a body follows the elements of its arrays, not
+its size: ``check_body`` can stop at ``max_elements`` (``TooManyElements``), which lets the
+broker decode a large produce request on the event loop and leave one of many small names to
+a worker thread.
 """
 
 from __future__ import annotations
@@ -59,6 +62,25 @@ _FIXED, _STRING, _BYTES, _FIXED_ARRAY, _VAR_ARRAY, _STRUCT, _STRUCT_ARRAY, _NULL
 
 # A step: (kind, name, nullable, argument); the argument is a size, an element step or a plan.
 Step = tuple[int, str, bool, Any]
+
+
+class TooManyElements(Exception):
+    """The body's arrays (and tagged fields) hold more elements than the walk was allowed: not a
+    malformed request, one to walk without a limit where its cost does not matter."""
+
+
+class _Budget:
+    """The elements a limited walk may still visit."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def spend(self, elements: int) -> None:
+        self.left -= elements
+        if self.left < 0:
+            raise TooManyElements
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,7 +129,15 @@ def _length(
     return value, pos + size
 
 
-def _walk_step(step: Step, flexible: bool, buf: memoryview, pos: int, end: int, out: Prefixes | None) -> int:
+def _walk_step(
+    step: Step,
+    flexible: bool,
+    buf: memoryview,
+    pos: int,
+    end: int,
+    out: Prefixes | None,
+    budget: _Budget | None,
+) -> int:
     kind, name, nullable, arg = step
     if kind == _FIXED:
         pos += arg
@@ -115,13 +145,13 @@ def _walk_step(step: Step, flexible: bool, buf: memoryview, pos: int, end: int, 
             raise ProtocolError(f"{name}: truncated")
         return pos
     if kind == _STRUCT:
-        return _walk(arg, buf, pos, end, out)
+        return _walk(arg, buf, pos, end, out, budget)
     if kind == _NULLABLE_STRUCT:
         # A one-byte marker first: negative for null (Kafka writes -1), else the struct follows.
         if pos >= end:
             raise ProtocolError(f"{name}: truncated")
         marker = buf[pos]
-        return pos + 1 if marker >= 0x80 else _walk(arg, buf, pos + 1, end, out)
+        return pos + 1 if marker >= 0x80 else _walk(arg, buf, pos + 1, end, out, budget)
     # A length or count: strings have 16-bit lengths outside flexible versions, the rest 32-bit.
     length, pos = _length(buf, pos, end, flexible, kind != _STRING, out)
     if length < 0:
@@ -141,18 +171,24 @@ def _walk_step(step: Step, flexible: bool, buf: memoryview, pos: int, end: int, 
     if kind == _VAR_ARRAY:
         if length > end - pos:  # every element takes at least one byte
             raise ProtocolError(f"{name}: {length} elements exceed the {end - pos} bytes left")
+        if budget is not None:
+            budget.spend(length)
         for _ in range(length):
-            pos = _walk_step(arg, flexible, buf, pos, end, out)
+            pos = _walk_step(arg, flexible, buf, pos, end, out, budget)
         return pos
     # _STRUCT_ARRAY
     if length * max(arg.min_size, 1) > end - pos:
         raise ProtocolError(f"{name}: {length} elements exceed the {end - pos} bytes left")
+    if budget is not None:
+        budget.spend(length)
     for _ in range(length):
-        pos = _walk(arg, buf, pos, end, out)
+        pos = _walk(arg, buf, pos, end, out, budget)
     return pos
 
 
-def _walk(plan: _Plan, buf: memoryview, pos: int, end: int, out: Prefixes | None) -> int:
+def _walk(
+    plan: _Plan, buf: memoryview, pos: int, end: int, out: Prefixes | None, budget: _Budget | None
+) -> int:
     flexible = plan.flexible
     for step in plan.steps:
         if step[0] == _FIXED:
@@ -160,7 +196,7 @@ def _walk(plan: _Plan, buf: memoryview, pos: int, end: int, out: Prefixes | None
             if pos > end:
                 raise ProtocolError(f"{step[1]}: truncated")
         else:
-            pos = _walk_step(step, flexible, buf, pos, end, out)
+            pos = _walk_step(step, flexible, buf, pos, end, out, budget)
     if flexible:
         if out is None and pos < end and buf[pos] == 0:  # no tagged fields, the usual case
             return pos + 1
@@ -169,6 +205,8 @@ def _walk(plan: _Plan, buf: memoryview, pos: int, end: int, out: Prefixes | None
         count, pos = read_uvarint(buf, pos, end)
         if count > end - pos:
             raise ProtocolError(f"{count} tagged fields exceed the {end - pos} bytes left")
+        if budget is not None:
+            budget.spend(count)
         for _ in range(count):
             tag, pos = read_uvarint(buf, pos, end)
             if out is not None:
@@ -179,7 +217,10 @@ def _walk(plan: _Plan, buf: memoryview, pos: int, end: int, out: Prefixes | None
             tagged = plan.tags.get(tag)
             # A known tagged field must fill its size exactly: a decoder may go on from where
             # the field ends rather than from where the size says it does.
-            if tagged is not None and _walk_step(tagged, flexible, buf, pos, pos + size, out) != pos + size:
+            if (
+                tagged is not None
+                and _walk_step(tagged, flexible, buf, pos, pos + size, out, budget) != pos + size
+            ):
                 raise ProtocolError(f"tagged field {tag} does not fill its size {size}")
             pos += size
     return pos
@@ -264,16 +305,21 @@ def request_plan(api_key: int, version: int) -> _Plan:
     return _plan(request_entity(api_key, version))
 
 
-def check_body(entity_type: type[Any], frame: memoryview, offset: int) -> int:
+def check_body(
+    entity_type: type[Any], frame: memoryview, offset: int, max_elements: int | None = None
+) -> int:
     """Walk an entity's encoding; raises ProtocolError unless kio can decode it without over-allocating.
 
     Returns the offset where the body ends (bytes after it are tolerated, as Kafka does).
+    ``max_elements``: raise TooManyElements once the walk meets more array elements and tagged
+    fields than that (the walk stops there; the body may still be malformed further on).
     """
-    return _walk(_plan(entity_type), frame, offset, len(frame), None)
+    budget = None if max_elements is None else _Budget(max_elements)
+    return _walk(_plan(entity_type), frame, offset, len(frame), None, budget)
 
 
 def length_prefixes(api_key: int, version: int, body: bytes) -> Prefixes:
     """Every length, count and tagged-field prefix of a valid request body, for fuzzing."""
     out: Prefixes = []
-    _walk(request_plan(api_key, version), memoryview(body), 0, len(body), out)
+    _walk(request_plan(api_key, version), memoryview(body), 0, len(body), out, None)
     return out

@@ -181,20 +181,41 @@ def set_partition_leader_epoch(buf: bytearray | memoryview, position: int, epoch
     _I.pack_into(buf, position + PARTITION_LEADER_EPOCH, epoch)
 
 
-def set_max_timestamp(buf: bytearray | memoryview, header: BatchHeader, timestamp: int) -> None:
-    """Set maxTimestamp and re-CRC (it lies in the CRC'd range)."""
-    position = header.position
-    _INT64_AT_MAX_TS.pack_into(buf, position + MAX_TIMESTAMP, timestamp)
-    struct.pack_into(">I", buf, position + CRC, compute_crc(buf, position, header.size))
+def set_max_timestamp(
+    buf: bytearray | memoryview,
+    header: BatchHeader,
+    timestamp: int,
+    batch: bytes | bytearray | memoryview | None = None,
+) -> None:
+    """Set maxTimestamp and re-CRC (it lies in the CRC'd range). ``buf`` holds the batch at
+    ``header.position``; or, given ``batch`` (which does), a copy of the batch's header alone."""
+    at = header.position if batch is None else 0
+    _INT64_AT_MAX_TS.pack_into(buf, at + MAX_TIMESTAMP, timestamp)
+    _set_crc(buf, at, header, buf if batch is None else batch)
 
 
-def set_log_append_time(buf: bytearray | memoryview, header: BatchHeader, timestamp: int) -> None:
-    """Stamp LogAppendTime: set the timestamp-type bit and maxTimestamp, then re-CRC.
+def set_log_append_time(
+    buf: bytearray | memoryview,
+    header: BatchHeader,
+    timestamp: int,
+    batch: bytes | bytearray | memoryview | None = None,
+) -> None:
+    """Stamp LogAppendTime: set the timestamp-type bit and maxTimestamp, then re-CRC; ``buf``
+    and ``batch`` as for ``set_max_timestamp``.
 
     Records keep their deltas; readers of a LogAppendTime batch use maxTimestamp
     for every record, so no per-record rewrite is needed.
     """
-    position = header.position
-    struct.pack_into(">h", buf, position + ATTRIBUTES, header.attributes | TIMESTAMP_TYPE_MASK)
-    _INT64_AT_MAX_TS.pack_into(buf, position + MAX_TIMESTAMP, timestamp)
-    struct.pack_into(">I", buf, position + CRC, compute_crc(buf, position, header.size))
+    at = header.position if batch is None else 0
+    struct.pack_into(">h", buf, at + ATTRIBUTES, header.attributes | TIMESTAMP_TYPE_MASK)
+    _INT64_AT_MAX_TS.pack_into(buf, at + MAX_TIMESTAMP, timestamp)
+    _set_crc(buf, at, header, buf if batch is None else batch)
+
+
+def _set_crc(
+    head: bytearray | memoryview, at: int, header: BatchHeader, batch: bytes | bytearray | memoryview
+) -> None:
+    """The CRC of the header at ``head[at:]`` and of the records of ``header``'s batch in ``batch``."""
+    records = memoryview(batch)[header.position + HEADER_SIZE : header.position + header.size]
+    crc = crc32c.crc32c(records, crc32c.crc32c(memoryview(head)[at + ATTRIBUTES : at + HEADER_SIZE]))
+    struct.pack_into(">I", head, at + CRC, crc)

@@ -209,7 +209,11 @@ class LocalLog:
 
     # --- appending ------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview, headers: list[rb.BatchHeader]) -> None:
+    def append(
+        self,
+        data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview],
+        headers: list[rb.BatchHeader],
+    ) -> None:
         """Append whole batches to the active segment; their offsets continue the log end."""
         self.active_segment.append(data, headers)
 

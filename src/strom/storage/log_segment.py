@@ -52,6 +52,23 @@ class ScannedBatch:
     data: memoryview
 
 
+# The most buffers one pwritev takes (Linux's IOV_MAX).
+_IOV_MAX = 1024
+
+
+def _pwrite_all(fd: int, parts: list[memoryview], position: int) -> None:
+    """Write ``parts`` back to back at ``position``, resuming after short writes."""
+    first = 0
+    while first < len(parts):
+        written = os.pwritev(fd, parts[first : first + _IOV_MAX], position)
+        position += written
+        while first < len(parts) and written >= parts[first].nbytes:
+            written -= parts[first].nbytes
+            first += 1
+        if written:
+            parts[first] = parts[first][written:]
+
+
 class LogSegment:
     def __init__(
         self,
@@ -191,21 +208,30 @@ class LogSegment:
 
     # --- appending ----------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview, headers: Sequence[rb.BatchHeader]) -> None:
-        """Append whole batches; ``headers`` carry positions relative to ``data``."""
+    def append(
+        self,
+        data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview],
+        headers: Sequence[rb.BatchHeader],
+    ) -> None:
+        """Append whole batches, in one buffer or in consecutive parts of one (a leader's rewritten
+        batch headers and the records it did not copy: one pwritev); ``headers`` carry positions
+        relative to ``data``."""
         position = self.size
-        view = memoryview(data)
-        written = 0
+        parts = (
+            [memoryview(data)]
+            if isinstance(data, bytes | bytearray | memoryview)
+            else [memoryview(part) for part in data]
+        )
+        size = sum(part.nbytes for part in parts)
         try:
-            while written < len(view):
-                written += os.pwrite(self._fd, view[written:], position + written)
+            _pwrite_all(self._fd, parts, position)
         except OSError as e:
             raise KafkaStorageError(f"error appending to {self.log_path}: {e}") from e
         if self.rolling_based_timestamp is None and headers:
             self.rolling_based_timestamp = headers[0].max_timestamp
         for header in headers:
             self._index_batch(position + header.position, header)
-        self.size = position + len(view)
+        self.size = position + size
         self.next_offset = headers[-1].next_offset
 
     def _index_batch(self, position: int, header: rb.BatchHeader) -> None:

@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -264,8 +264,8 @@ class UnifiedLog:
         """Validate a client's record set (unless ``validated`` is analyze_for_append's answer
         for it), assign offsets and append it.
 
-        A writable buffer (bytearray, writable memoryview) is rewritten in place;
-        bytes are copied once.
+        A writable buffer (bytearray, writable memoryview) is rewritten in place; of bytes, only
+        the batch headers are copied.
         """
         self._check_open()
         config = self.config
@@ -285,25 +285,36 @@ class UnifiedLog:
                 duplicate=True,
             )
 
-        buf: bytearray | memoryview
-        if isinstance(records, bytearray) or (isinstance(records, memoryview) and not records.readonly):
-            buf = records
-        else:
-            buf = bytearray(records)
+        # A writable buffer is rewritten in place. Bytes are not copied: each batch's header is,
+        # rewritten, and written ahead of the batch's records where they lie (one pwritev).
+        writable = isinstance(records, bytearray) or (
+            isinstance(records, memoryview) and not records.readonly
+        )
+        view = memoryview(records)
+        parts: list[bytearray | memoryview] = []
         first_offset = next_offset = self.log_end_offset
         assigned: list[rb.BatchHeader] = []
         record_count = 0
         max_timestamp = rb.NO_TIMESTAMP
         for header in headers:
             position = header.position
-            rb.set_base_offset(buf, position, next_offset)
-            rb.set_partition_leader_epoch(buf, position, leader_epoch)
+            head: bytearray | memoryview
+            batch: memoryview | None
+            if writable:
+                head, at, batch = view, position, None
+            else:
+                head, at, batch = bytearray(view[position : position + rb.HEADER_SIZE]), 0, view
+            rb.set_base_offset(head, at, next_offset)
+            rb.set_partition_leader_epoch(head, at, leader_epoch)
             if log_append_time >= 0:
-                rb.set_log_append_time(buf, header, log_append_time)
+                rb.set_log_append_time(head, header, log_append_time, batch)
             elif validated.max_timestamps[len(assigned)] != header.max_timestamp:
                 # As Kafka, a CreateTime batch's maxTimestamp is its records' largest timestamp.
-                rb.set_max_timestamp(buf, header, validated.max_timestamps[len(assigned)])
-            final = rb.read_header(buf, position)
+                rb.set_max_timestamp(head, header, validated.max_timestamps[len(assigned)], batch)
+            final = rb.read_header(head, at)
+            if not writable:
+                final = replace(final, position=position)
+                parts += (head, view[position + rb.HEADER_SIZE : position + header.size])
             assigned.append(final)
             record_count += final.records_count
             max_timestamp = max(max_timestamp, final.max_timestamp)
@@ -312,13 +323,13 @@ class UnifiedLog:
 
         segment = self.active_segment
         if segment.should_roll(
-            config.segment_bytes, config.segment_ms, len(buf), max_timestamp, last_offset, now
+            config.segment_bytes, config.segment_ms, len(view), max_timestamp, last_offset, now
         ):
             self.roll()
         latest_epoch = self.leader_epoch_cache.latest_epoch
         if leader_epoch >= 0 and (latest_epoch is None or leader_epoch > latest_epoch):
             self.leader_epoch_cache.assign(leader_epoch, first_offset)
-        self._local.append(buf, assigned)
+        self._local.append(view if writable else parts, assigned)
         state = self.producer_state
         for header in assigned:
             state.update(header, header.base_offset, header.max_timestamp)

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import os
+import struct
+import time
 from pathlib import Path
 
 import pytest
 
+from strom.records import batch as rb
 from strom.storage import (
     CorruptRecordError,
     InvalidRecordError,
@@ -148,3 +152,51 @@ def test_writable_buffers_are_rewritten_in_place(tmp_path: Path) -> None:
     log.append_as_leader(memoryview(buf), 7)
     assert int.from_bytes(buf[:8], "big") == 1
     assert batch_offsets(log.read(1, 1000).records) == [(1, 1)]
+
+
+def _with_max_timestamp(batch: bytes, max_timestamp: int) -> bytes:
+    """``batch`` claiming ``max_timestamp`` (CRC kept valid)."""
+    out = bytearray(batch)
+    struct.pack_into(">q", out, rb.MAX_TIMESTAMP, max_timestamp)
+    struct.pack_into(">I", out, rb.CRC, rb.compute_crc(out, 0, len(out)))
+    return bytes(out)
+
+
+@pytest.mark.parametrize("timestamp_type", ["CreateTime", "LogAppendTime"])
+def test_a_leader_append_of_bytes_writes_what_an_in_place_rewrite_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timestamp_type: str
+) -> None:
+    """Bytes are appended as rewritten header copies followed by the records where they lie (one
+    pwritev, short writes resumed), never changed themselves: the log holds what rewriting a copy
+    of them in place writes, CRCs valid, the stale maxTimestamp of the middle batch corrected."""
+    now = time.time_ns() // 1_000_000
+    stale = _with_max_timestamp(make_batch(count=3, timestamps=[now, now + 5, now + 9]), now)
+    records = make_batch(count=2, value_size=300) + stale + make_batch(count=4)
+    original = bytes(records)
+
+    def short_pwritev(fd: int, parts: list[memoryview], at: int) -> int:
+        return os.pwrite(fd, b"".join(parts)[:7], at)  # at most 7 bytes a call
+
+    monkeypatch.setattr(os, "pwritev", short_pwritev)
+    logs = []
+    for name, given in (("bytes", records), ("in-place", bytearray(records))):
+        log = UnifiedLog.open(
+            tmp_path / f"{name}-0", LogConfig(message_timestamp_type=timestamp_type), time_ms=lambda: now + 50
+        )
+        log.append_as_leader(make_batch(), leader_epoch=2)
+        log.append_as_leader(given, leader_epoch=3)
+        logs.append(log)
+    assert records == original
+    written = [log.read(1, 1 << 20).records for log in logs]
+    assert written[0] == written[1]
+    headers = list(rb.iter_headers(written[0]))
+    assert [(h.base_offset, h.last_offset, h.partition_leader_epoch) for h in headers] == [
+        (1, 2, 3),
+        (3, 5, 3),
+        (6, 9, 3),
+    ]
+    assert all(rb.is_crc_valid(written[0], h) for h in headers)
+    expected_max = now + 50 if timestamp_type == "LogAppendTime" else now + 9
+    assert headers[1].max_timestamp == expected_max
+    for log in logs:
+        log.close()

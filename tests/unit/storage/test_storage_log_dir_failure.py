@@ -50,6 +50,7 @@ def test_append_failure_takes_the_dir_offline_and_a_restart_recovers(
     end = log.log_end_offset
     with monkeypatch.context() as patch, caplog.at_level(logging.ERROR):
         patch.setattr(log_segment_module.os, "pwrite", enospc)
+        patch.setattr(log_segment_module.os, "pwritev", enospc)  # a leader append of bytes
         for _ in range(3):
             with pytest.raises(LogDirOfflineError) as raised:
                 log.append_as_leader(make_batch(count=2, value_size=40), 0)
