@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from strom.broker.partition import Partition, TopicPartition
 from strom.network.connection import BrokerConnection, KafkaConnectionError
-from strom.network.fetch_session import FINAL_EPOCH, INVALID_SESSION_ID, FetchSessionHandler
+from strom.network.fetch_session_handler import FINAL_EPOCH, INVALID_SESSION_ID, FetchSessionHandler
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
