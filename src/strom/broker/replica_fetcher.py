@@ -237,7 +237,13 @@ class ReplicaFetcher:
         """One round (Kafka's doWork): truncate the partitions that are truncating, else fetch the
         ready ones; with none ready, wait for a change or the end of the shortest delay."""
         now = time.monotonic()
-        ready = {tp: state for tp, state in self.partitions.items() if state.is_ready(now)}
+        ready: dict[TopicPartition, PartitionFetchState] = {}
+        truncating: dict[TopicPartition, PartitionFetchState] = {}
+        for tp, state in self.partitions.items():
+            if not state.failed and state.delayed_until <= now:  # is_ready, inlined: per partition
+                ready[tp] = state
+                if state.state is ReplicaState.TRUNCATING:
+                    truncating[tp] = state
         if not ready:
             self._changed.clear()
             delays = [state.delayed_until - now for state in self.partitions.values() if not state.failed]
@@ -247,7 +253,6 @@ class ReplicaFetcher:
             except TimeoutError:
                 pass
             return
-        truncating = {tp: state for tp, state in ready.items() if state.truncating}
         if truncating:
             await self._truncate(truncating)
         else:
@@ -258,7 +263,8 @@ class ReplicaFetcher:
         if self.partitions.get(tp) is not state:
             return None
         partition = self._replicas.partition(tp)
-        if partition is None or partition.is_leader or partition.offline:
+        # is_leader and offline, inlined: this runs for every partition of every fetch.
+        if partition is None or partition.leader_id == partition.local_id or partition.log.offline:
             return None
         return partition
 
@@ -416,9 +422,11 @@ class ReplicaFetcher:
             return
         records = answer.records
         if records:
-            await self._start_at_first_batch(partition, records)
-            if self._current(tp, state) is not partition:
-                return  # led here, removed or re-added while the restart ran off the loop
+            log_ = partition.log
+            if log_.log_end_offset == log_.log_start_offset:
+                await self._start_at_first_batch(partition, records)
+                if self._current(tp, state) is not partition:
+                    return  # led here, removed or re-added while the restart ran off the loop
             await partition.append_records_as_follower(records)
             if self._current(tp, state) is not partition:
                 return  # led here, removed or re-added while the append ran off the loop
