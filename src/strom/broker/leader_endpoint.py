@@ -317,7 +317,9 @@ class RemoteLeaderEndPoint:
                 log.info("fetch session reset", extra={"leader": self._leader_id, "error": error.name})
                 return {}
             raise ConnectionError(f"fetch from broker {self._leader_id} failed: {error.name}")
-        names = {topic_id: tp.topic for tp, topic_id in wanted} if by_id else {}
+        # Topic names by id, only when something came back (an idle fetch of many partitions
+        # answers with nothing).
+        names = {topic_id: tp.topic for tp, topic_id in wanted} if by_id and response.responses else {}
         answers: dict[TopicPartition, FetchedPartition] = {}
         for topic in response.responses:
             name = names.get(topic.topic_id) if by_id else topic.topic
