@@ -481,3 +481,22 @@ def test_partition_fetch_state_transitions() -> None:
     state.delayed_until = 0
     state.failed = True
     assert not state.is_ready(time.monotonic())
+
+
+def test_the_fetcher_does_not_import_the_replica_manager() -> None:
+    """The replica_manager <-> replica_fetcher cycle is gone, type-only imports included: the
+    fetcher and its endpoint depend on protocols defined on their side."""
+    import ast
+
+    import strom.broker.leader_endpoint
+    import strom.broker.replica_fetcher
+
+    for module in (strom.broker.replica_fetcher, strom.broker.leader_endpoint):
+        assert module.__file__ is not None
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {
+            alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+        }
+        assert not {name for name in imported if name and name.startswith("strom.broker.replica_manager")}
+        assert "strom.broker.server" not in imported
