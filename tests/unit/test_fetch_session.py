@@ -16,7 +16,7 @@ from strom.broker.fetch_session import (
     next_epoch,
 )
 from strom.broker.replica_manager import FetchResult
-from strom.network.fetch_session import FetchSessionHandler
+from strom.network.fetch_session_handler import FetchSessionHandler
 from strom.protocol.errors import ErrorCode
 
 FOO = uuid.uuid4()

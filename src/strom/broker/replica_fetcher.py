@@ -1,19 +1,26 @@
-"""Followers' replica fetchers (Kafka's ReplicaFetcherThread, one per source broker).
+"""Followers' replica fetchers (Kafka's AbstractFetcherThread/ReplicaFetcherThread, one per source
+broker).
 
-Each fetcher is a task on the broker's event loop with one connection (strom's own
-``BrokerConnection``, bound to the broker's listener address) to the leader of the partitions it
-follows. A partition added in a new leader epoch first truncates (KIP-101/279): OffsetForLeaderEpoch
-for its latest epoch, truncation to the leader's end offset of that epoch, again until the epochs
-agree. Then it fetches with the real Fetch API as replica ``node_id`` (``replica_id`` before v15,
-``replica_state`` from v15), sending its last fetched epoch; a ``diverging_epoch`` answer
-(KIP-320) truncates the log again. Fetched batches are appended with their offsets and leader
-epochs (``UnifiedLog.append_as_follower``); the follower's HW is the leader's bounded by its own LEO.
+Each fetcher is a task on the broker's event loop that sees its leader only through a
+``LeaderEndPoint`` (leader_endpoint.py: Fetch, OffsetForLeaderEpoch, ListOffsets; over the
+inter-broker connection in a broker, a fake in unit tests) and the replica manager only through
+``FollowerReplicas`` (the follower partitions), so it is tested in process and does not import the
+replica manager.
 
-Errors stay where they happen, as in Kafka's AbstractFetcherThread: one partition's failure to
-truncate or append marks that partition failed (logged once, with its traceback) and the fetcher
-goes on with the others; the partition is fetched again when a new state re-adds it. A failed
-request (a lost connection, a timeout) backs the whole fetcher off; its first failure in a row is
-logged with the cause. A fetcher left without partitions is shut down (Kafka's
+Every partition it follows has a ``PartitionFetchState`` (Kafka's): its current leader epoch, its
+fetch offset, and whether it is truncating or fetching; a partition is delayed (after an error, for
+replica.fetch.backoff.ms) or failed (until a new state re-adds it). A partition added in a new
+leader epoch first truncates (KIP-101/279): OffsetForLeaderEpoch for its latest epoch, truncation
+to the leader's end offset of that epoch, again until the epochs agree. Then it fetches, sending
+its last fetched epoch; a diverging epoch in the answer (KIP-320) truncates the log again, an
+out-of-range answer truncates to the leader's log end or restarts the log at the leader's log
+start. Fetched batches are appended with their offsets and leader epochs
+(``Partition.append_records_as_follower``); the follower's HW is the leader's bounded by its LEO.
+
+Errors stay where they happen, as in Kafka: one partition's failure to truncate or append marks
+that partition failed (logged once, with its traceback) and the fetcher goes on with the others.
+A failed request (a lost connection, a timeout) backs the whole fetcher off; its first failure in
+a row is logged with the cause. A fetcher left without partitions is shut down (Kafka's
 shutdownIdleFetcherThreads), closing its fetch session on the leader and its connection.
 """
 
@@ -21,43 +28,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import errno
+import enum
 import logging
 import time
 import uuid
 import zlib
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
+from strom.broker.leader_endpoint import (
+    BrokerDirectory,
+    EpochEndOffset,
+    FetchedPartition,
+    FetchPartition,
+    LeaderEndPoint,
+    RemoteLeaderEndPoint,
+)
 from strom.broker.partition import Partition, TopicPartition
-from strom.network.connection import BrokerConnection, KafkaConnectionError
-from strom.network.fetch_session import FINAL_EPOCH, INVALID_SESSION_ID, FetchSessionHandler
-from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.errors import ErrorCode
-from strom.protocol.messages import build
 from strom.records import batch as rb
 
 if TYPE_CHECKING:
     from strom.broker.config import KafkaConfig
-    from strom.broker.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
-
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
-# Fetch v12 brings diverging_epoch (KIP-320), the oldest version a follower uses; v17 is the
-# newest whose fields a follower fills (v15+ carries the replica in replica_state).
-FETCH_MIN_VERSION = 12
-FETCH_MAX_VERSION = 17
-OFFSET_FOR_LEADER_EPOCH_VERSION = (3, 4)  # v3 brings replica_id
-LIST_OFFSETS_VERSION = (1, 8)
-ZERO_UUID = uuid.UUID(int=0)
-# A partition of the follower's fetch session: the partition and its topic's id.
-SessionPartition = tuple[TopicPartition, uuid.UUID]
-# Top-level fetch errors after which the follower opens a new session at once.
-SESSION_ERRORS = frozenset({ErrorCode.fetch_session_id_not_found, ErrorCode.invalid_fetch_session_epoch})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,29 +89,51 @@ class ReplicationConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class FetchPartitionRequest:
-    """What a follower's fetch asks of one partition; the fetch session sends it again only
-    when it changed (compared by value, the partition's fetch state by identity)."""
+class FollowerReplicas(BrokerDirectory, Protocol):
+    """What the fetchers need of the replica manager: the partition a fetched partition is
+    appended to, and (for the network endpoint) this broker's id and epoch and the brokers'
+    addresses."""
 
-    state: PartitionFetchState = field(compare=False)
-    topic_id: uuid.UUID
-    leader_epoch: int
-    fetch_offset: int
-    last_fetched_epoch: int
-    log_start_offset: int
+    def partition(self, tp: TopicPartition) -> Partition | None: ...
+
+
+class ReplicaState(enum.Enum):
+    """Kafka's ReplicaState: a partition truncates (OffsetForLeaderEpoch) before it fetches."""
+
+    TRUNCATING = "truncating"
+    FETCHING = "fetching"
 
 
 @dataclass(slots=True)
 class PartitionFetchState:
+    """One followed partition (Kafka's PartitionFetchState)."""
+
     topic_id: uuid.UUID
-    leader_epoch: int
-    # Truncating by OffsetForLeaderEpoch before the first fetch of the epoch.
-    truncating: bool = True
+    current_leader_epoch: int
+    # Where the next fetch starts: the log end, known once truncation is done.
+    fetch_offset: int = -1
+    state: ReplicaState = ReplicaState.TRUNCATING
     # monotonic time before which the partition is not fetched (after an error).
     delayed_until: float = 0.0
     # Truncating or appending failed: not fetched until a new state re-adds the partition.
     failed: bool = False
+    # The last request built for the partition, reused while nothing changed: the fetch session
+    # then finds it unchanged by identity, and a fetch of many idle partitions builds nothing.
+    request: FetchPartition | None = None
+
+    @property
+    def truncating(self) -> bool:
+        return self.state is ReplicaState.TRUNCATING
+
+    def is_ready(self, now: float) -> bool:
+        return not self.failed and self.delayed_until <= now
+
+    def fetching_at(self, offset: int) -> None:
+        """Truncation is done, or the log moved: the next fetch starts at ``offset``."""
+        self.state = ReplicaState.FETCHING
+        if offset != self.fetch_offset:
+            self.fetch_offset = offset
+            self.request = None
 
 
 def truncation_offset(partition: Partition, leader_epoch: int, leader_end_offset: int) -> tuple[int, bool]:
@@ -140,20 +157,25 @@ def truncation_offset(partition: Partition, leader_epoch: int, leader_end_offset
 class ReplicaFetcher:
     """Fetches every partition this broker follows from one leader broker."""
 
-    def __init__(self, manager: ReplicaFetcherManager, leader_id: int) -> None:
-        self._manager = manager
-        self.leader_id = leader_id
+    def __init__(
+        self, replicas: FollowerReplicas, endpoint: LeaderEndPoint, backoff_ms: Callable[[], int]
+    ) -> None:
+        self._replicas = replicas
+        self.endpoint = endpoint
+        self._backoff_ms = backoff_ms
         self.partitions: dict[TopicPartition, PartitionFetchState] = {}
         self._changed = asyncio.Event()
-        self._connection: BrokerConnection | None = None
         self._task: asyncio.Task[None] | None = None
-        # KIP-227: one fetch session with the leader, kept across reconnections as Kafka does.
-        self._session: FetchSessionHandler[SessionPartition, FetchPartitionRequest] = FetchSessionHandler()
-        self._session_uses_topic_ids = True
-        # The address the connection was meant to come from (see _connect).
-        self._wanted_local_host: str | None = None
         # Set when the manager shuts this fetcher down for following nothing any more.
         self._idle = False
+
+    @property
+    def leader_id(self) -> int:
+        return self.endpoint.leader_id
+
+    def add_partition(self, tp: TopicPartition, topic_id: uuid.UUID, leader_epoch: int) -> None:
+        self.partitions[tp] = PartitionFetchState(topic_id, leader_epoch)
+        self.wake()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -168,71 +190,27 @@ class ReplicaFetcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._disconnect()
+        self.endpoint.close()
 
     async def shutdown_idle(self) -> None:
         """Stop once the request in flight is answered (so the fetch session is the one the leader
-        knows), close that session on the leader (KIP-227's final epoch: its slot in the leader's
-        session cache is free at once; best effort), then the connection."""
+        knows), close that session on the leader (best effort), then the connection."""
         self._idle = True
         self.wake()
         try:
             if self._task is not None:
                 await self._task
-            connection, session_id = self._connection, self._session.session_id
-            if connection is not None and connection.is_open and session_id != INVALID_SESSION_ID:
-                await self._close_session(connection, session_id)
+            await self.endpoint.close_session()
         except Exception as e:  # the leader may be gone: its sessions went with it
             log.debug("closing the fetch session failed", extra={"leader": self.leader_id, "error": repr(e)})
         finally:
-            self._disconnect()
-
-    async def _close_session(self, connection: BrokerConnection, session_id: int) -> None:
-        version = connection.version(ApiKey.FETCH, FETCH_MAX_VERSION, FETCH_MIN_VERSION)
-        module = request_module(ApiKey.FETCH, version)
-        request = build(
-            module.FetchRequest,
-            max_wait=datetime.timedelta(0),
-            min_bytes=0,
-            max_bytes=0,
-            isolation_level=0,
-            session_id=session_id,
-            session_epoch=FINAL_EPOCH,
-            topics=(),
-            forgotten_topics_data=(),
-            rack_id="",
-            **self._replica_fields(module, version),
-        )
-        await connection.send(request, timeout=self._manager.config.replica_socket_timeout_ms / 1000)
-
-    def _replica_fields(self, module: Any, version: int) -> dict[str, Any]:
-        """Who fetches: ``replica_id``, from v15 ``replica_state`` with this broker's epoch
-        (KIP-903: the leader serves a replica fetch only with the broker's current epoch)."""
-        node_id = self._replica_manager.node_id
-        if version < 15:
-            return {"replica_id": node_id}
-        epoch = self._replica_manager.broker_epoch(node_id)
-        return {
-            "replica_state": module.ReplicaState(
-                replica_id=node_id, replica_epoch=-1 if epoch is None else epoch
-            )
-        }
-
-    def _disconnect(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-    @property
-    def _replica_manager(self) -> ReplicaManager:
-        return self._manager.replica_manager
+            self.endpoint.close()
 
     async def _run(self) -> None:
-        config = self._manager.config
         failures = 0
         while not self._idle:
             try:
-                await self._do_work()
+                await self.do_work()
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -252,16 +230,20 @@ class ReplicaFetcher:
                         "failures": failures,
                     },
                 )
-                self._disconnect()
-                await asyncio.sleep(config.replica_fetch_backoff_ms / 1000)
+                self.endpoint.close()
+                await asyncio.sleep(self._backoff_ms() / 1000)
 
-    async def _do_work(self) -> None:
+    async def do_work(self) -> None:
+        """One round (Kafka's doWork): truncate the partitions that are truncating, else fetch the
+        ready ones; with none ready, wait for a change or the end of the shortest delay."""
         now = time.monotonic()
-        ready = {
-            tp: state
-            for tp, state in self.partitions.items()
-            if state.delayed_until <= now and not state.failed
-        }
+        ready: dict[TopicPartition, PartitionFetchState] = {}
+        truncating: dict[TopicPartition, PartitionFetchState] = {}
+        for tp, state in self.partitions.items():
+            if not state.failed and state.delayed_until <= now:  # is_ready, inlined: per partition
+                ready[tp] = state
+                if state.state is ReplicaState.TRUNCATING:
+                    truncating[tp] = state
         if not ready:
             self._changed.clear()
             delays = [state.delayed_until - now for state in self.partitions.values() if not state.failed]
@@ -271,64 +253,23 @@ class ReplicaFetcher:
             except TimeoutError:
                 pass
             return
-        connection = await self._connect()
-        truncating = {tp: state for tp, state in ready.items() if state.truncating}
         if truncating:
-            await self._truncate(connection, truncating)
+            await self._truncate(truncating)
         else:
-            await self._fetch(connection, ready)
-
-    async def _connect(self) -> BrokerConnection:
-        endpoint = self._replica_manager.peer_endpoint(self.leader_id)
-        if endpoint is None:
-            raise ConnectionError(f"broker {self.leader_id} is not registered")
-        config = self._manager.config
-        # Leaders serve replica fetches only from this broker's registered host: connect from it.
-        # A wildcard listener has no address of its own; the registered (advertised) host then,
-        # unless it is no address of this machine (behind NAT, say).
-        own = self._replica_manager.broker_endpoint(self._replica_manager.node_id)
-        local_host = config.bind_host or (own[0] if own is not None else None)
-        connection = self._connection
-        if (
-            connection is not None
-            and connection.is_open
-            and (connection.host, connection.port) == endpoint
-            and self._wanted_local_host == local_host
-        ):
-            return connection
-        self._disconnect()
-        self._wanted_local_host = local_host
-        try:
-            self._connection = await self._open(endpoint, local_host)
-        except KafkaConnectionError as e:
-            cause = e.__cause__
-            if local_host == config.bind_host or not (
-                isinstance(cause, OSError) and cause.errno == errno.EADDRNOTAVAIL
-            ):
-                raise
-            self._connection = await self._open(endpoint, config.bind_host)
-        return self._connection
-
-    async def _open(self, endpoint: tuple[str, int], local_host: str | None) -> BrokerConnection:
-        return await BrokerConnection.open(
-            endpoint[0],
-            endpoint[1],
-            client_id=f"broker-{self._replica_manager.node_id}-fetcher-{self.leader_id}",
-            timeout=self._manager.config.replica_socket_timeout_ms / 1000,
-            local_host=local_host,
-        )
+            await self._fetch(ready)
 
     def _current(self, tp: TopicPartition, state: PartitionFetchState) -> Partition | None:
         """The follower partition if ``state`` is still how this fetcher follows it."""
         if self.partitions.get(tp) is not state:
             return None
-        partition = self._replica_manager.partition(tp)
-        if partition is None or partition.is_leader or partition.offline:
+        partition = self._replicas.partition(tp)
+        # is_leader and offline, inlined: this runs for every partition of every fetch.
+        if partition is None or partition.leader_id == partition.local_id or partition.log.offline:
             return None
         return partition
 
-    def _delay(self, tp: TopicPartition, state: PartitionFetchState) -> None:
-        state.delayed_until = time.monotonic() + self._manager.config.replica_fetch_backoff_ms / 1000
+    def _delay(self, state: PartitionFetchState) -> None:
+        state.delayed_until = time.monotonic() + self._backoff_ms() / 1000
 
     def _fail(self, tp: TopicPartition, state: PartitionFetchState, what: str) -> None:
         """Mark ``tp`` failed (Kafka's markPartitionFailed), logged once with the exception being
@@ -351,18 +292,13 @@ class ReplicaFetcher:
 
     # -- truncation (KIP-101/279) ---------------------------------------------------------------
 
-    async def _truncate(
-        self, connection: BrokerConnection, states: dict[TopicPartition, PartitionFetchState]
-    ) -> None:
+    async def _truncate(self, states: dict[TopicPartition, PartitionFetchState]) -> None:
         asked: dict[TopicPartition, PartitionFetchState] = {}
-        by_topic: dict[str, list[Any]] = defaultdict(list)
-        low, high = OFFSET_FOR_LEADER_EPOCH_VERSION
-        version = connection.version(ApiKey.OFFSET_FOR_LEADER_EPOCH, high, low)
-        module = request_module(ApiKey.OFFSET_FOR_LEADER_EPOCH, version)
+        epochs: dict[TopicPartition, tuple[int, int]] = {}
         for tp, state in states.items():
             partition = self._current(tp, state)
             if partition is None:
-                self._delay(tp, state)  # see _fetch
+                self._delay(state)  # see _fetch
                 continue
             latest = partition.log.leader_epoch_cache.latest_epoch
             if latest is None:
@@ -372,54 +308,38 @@ class ReplicaFetcher:
                 except Exception:
                     self._fail(tp, state, "truncating")
                     continue
-                state.truncating = False
+                state.fetching_at(partition.log_end_offset)
                 continue
             asked[tp] = state
-            by_topic[tp.topic].append(
-                build(
-                    module.OffsetForLeaderPartition,
-                    partition=tp.partition,
-                    current_leader_epoch=state.leader_epoch,
-                    leader_epoch=latest,
-                )
-            )
-        if not by_topic:
+            epochs[tp] = (state.current_leader_epoch, latest)
+        if not epochs:
             return
-        request = build(
-            module.OffsetForLeaderEpochRequest,
-            replica_id=self._replica_manager.node_id,
-            topics=tuple(
-                build(module.OffsetForLeaderTopic, topic=topic, partitions=tuple(parts))
-                for topic, parts in by_topic.items()
-            ),
-        )
-        response = await connection.send(
-            request, timeout=self._manager.config.replica_socket_timeout_ms / 1000
-        )
-        for topic in response.topics:
-            for answer in topic.partitions:
-                tp = TopicPartition(topic.topic, answer.partition)
-                asked_state = asked.get(tp)
-                if asked_state is None:
-                    continue
-                state = asked_state
-                partition = self._current(tp, state)
-                if partition is None:
-                    continue
-                if answer.error_code != ErrorCode.none:
-                    log.info(
-                        "OffsetForLeaderEpoch failed; retrying",
-                        extra={"partition": str(tp), "error": ErrorCode(answer.error_code).name},
-                    )
-                    self._delay(tp, state)
-                    continue
-                try:
-                    offset, done = truncation_offset(partition, answer.leader_epoch, answer.end_offset)
-                    await self._truncate_partition(partition, offset)
-                except Exception:
-                    self._fail(tp, state, "truncating")
-                    continue
-                state.truncating = not done
+        answers = await self.endpoint.fetch_epoch_end_offsets(epochs)
+        for tp, state in asked.items():
+            answer = answers.get(tp)
+            partition = self._current(tp, state)
+            if answer is None or partition is None:
+                continue
+            await self._truncate_by_epoch(tp, state, partition, answer)
+
+    async def _truncate_by_epoch(
+        self, tp: TopicPartition, state: PartitionFetchState, partition: Partition, answer: EpochEndOffset
+    ) -> None:
+        if answer.error != ErrorCode.none:
+            log.info(
+                "OffsetForLeaderEpoch failed; retrying",
+                extra={"partition": str(tp), "error": answer.error.name},
+            )
+            self._delay(state)
+            return
+        try:
+            offset, done = truncation_offset(partition, answer.leader_epoch, answer.end_offset)
+            await self._truncate_partition(partition, offset)
+        except Exception:
+            self._fail(tp, state, "truncating")
+            return
+        if done:
+            state.fetching_at(partition.log_end_offset)
 
     async def _truncate_partition(self, partition: Partition, offset: int) -> None:
         if offset < partition.log_end_offset:
@@ -431,16 +351,9 @@ class ReplicaFetcher:
 
     # -- fetching -------------------------------------------------------------------------------
 
-    async def _fetch(
-        self, connection: BrokerConnection, states: dict[TopicPartition, PartitionFetchState]
-    ) -> None:
-        config = self._manager.config
-        version = connection.version(ApiKey.FETCH, FETCH_MAX_VERSION, FETCH_MIN_VERSION)
-        module = request_module(ApiKey.FETCH, version)
-        by_id = version >= 13
-        # What this fetch asks of every partition; the session sends only what changed. A topic
-        # deleted and created again under its name is another partition: keyed with its id.
-        wanted: dict[SessionPartition, FetchPartitionRequest] = {}
+    async def _fetch(self, states: dict[TopicPartition, PartitionFetchState]) -> None:
+        # What this fetch asks of every partition; the session sends only what changed.
+        wanted: dict[TopicPartition, FetchPartition] = {}
         for tp, state in states.items():
             partition = self._current(tp, state)
             if partition is None:
@@ -448,131 +361,77 @@ class ReplicaFetcher:
                 # followed from here: not ready again before the backoff, or a fetcher left with
                 # nothing to ask would loop on the event loop without ever awaiting, and the broker
                 # would stop answering anyone.
-                self._delay(tp, state)
+                self._delay(state)
                 continue
-            latest = partition.log.leader_epoch_cache.latest_epoch
-            wanted[(tp, state.topic_id)] = FetchPartitionRequest(
-                state,
-                state.topic_id,
-                state.leader_epoch,
-                partition.log_end_offset,
-                -1 if latest is None else latest,
-                partition.log_start_offset,
-            )
+            request = state.request
+            log_ = partition.log
+            if (
+                request is None
+                or request.fetch_offset != log_.log_end_offset
+                or request.log_start_offset != log_.log_start_offset
+            ):
+                # The log moved since (an append, or what the fetcher does not see: a retention or
+                # a truncation on the log's own path): ask from where it ends now.
+                state.fetch_offset = log_.log_end_offset
+                latest = log_.leader_epoch_cache.latest_epoch
+                request = state.request = FetchPartition(
+                    state.topic_id,
+                    state.current_leader_epoch,
+                    state.fetch_offset,
+                    -1 if latest is None else latest,
+                    log_.log_start_offset,
+                )
+            wanted[tp] = request
         if not wanted:
             return
-        session = self._session
-        if by_id != self._session_uses_topic_ids:
-            # A session is tied to whether it names topics by id: a new version needs a new one.
-            session.close_existing()
-            self._session_uses_topic_ids = by_id
-        next_fetch = session.build(wanted)
-        by_topic: dict[tuple[str, uuid.UUID], list[Any]] = defaultdict(list)
-        for (tp, _), data in next_fetch.to_send.items():
-            by_topic[(tp.topic, data.topic_id)].append(
-                build(
-                    module.FetchPartition,
-                    partition=tp.partition,
-                    current_leader_epoch=data.leader_epoch,
-                    fetch_offset=data.fetch_offset,
-                    last_fetched_epoch=data.last_fetched_epoch,
-                    log_start_offset=data.log_start_offset,
-                    partition_max_bytes=config.replica_fetch_max_bytes,
-                )
-            )
-        forgotten: dict[tuple[str, uuid.UUID], list[int]] = defaultdict(list)
-        for tp, topic_id in next_fetch.to_forget:
-            forgotten[(tp.topic, topic_id)].append(tp.partition)
-        names = {topic_id: tp.topic for tp, topic_id in wanted}
-        topics = tuple(
-            build(module.FetchTopic, topic=name, topic_id=topic_id, partitions=tuple(parts))
-            for (name, topic_id), parts in by_topic.items()
-        )
-        forgotten_topics = tuple(
-            build(module.ForgottenTopic, topic=name, topic_id=topic_id, partitions=tuple(parts))
-            for (name, topic_id), parts in forgotten.items()
-        )
-        request = build(
-            module.FetchRequest,
-            max_wait=datetime.timedelta(milliseconds=config.replica_fetch_wait_max_ms),
-            min_bytes=config.replica_fetch_min_bytes,
-            max_bytes=config.replica_fetch_response_max_bytes,
-            isolation_level=0,
-            session_id=next_fetch.session_id,
-            session_epoch=next_fetch.epoch,
-            topics=topics,
-            forgotten_topics_data=forgotten_topics,
-            rack_id="",
-            **self._replica_fields(module, version),
-        )
-        timeout = (config.replica_socket_timeout_ms + config.replica_fetch_wait_max_ms) / 1000
-        try:
-            response = await connection.send(request, timeout=timeout)
-        except BaseException:
-            session.handle_error()
-            raise
-        error = ErrorCode(response.error_code)
-        if not session.handle_response(next_fetch, error, response.session_id):
-            if error in SESSION_ERRORS:
-                # The leader lost the session (evicted, restarted) or the epochs differ: the
-                # next fetch is full and opens a new session, at once.
-                log.info("fetch session reset", extra={"leader": self.leader_id, "error": error.name})
-                return
-            raise ConnectionError(f"fetch from broker {self.leader_id} failed: {error.name}")
-        sent_ids = {} if by_id else {tp: topic_id for tp, topic_id in wanted}
+        answers = await self.endpoint.fetch(wanted)
         out_of_range: list[tuple[TopicPartition, PartitionFetchState]] = []
-        for topic in response.responses:
-            name = names.get(topic.topic_id) if by_id else topic.topic
-            if name is None:
+        for tp, answer in answers.items():
+            state = states[tp]
+            partition = self._current(tp, state)
+            if partition is None or partition.log_end_offset != wanted[tp].fetch_offset:
+                # Removed, re-added or truncated since the request: this answer is dropped,
+                # and the leader, which thinks it was delivered, will not repeat its high
+                # watermark; a full fetch next time brings every partition's up to date.
+                self.endpoint.reset_session()
                 continue
-            for data in topic.partitions:
-                tp = TopicPartition(name, data.partition_index)
-                sent = wanted.get((tp, topic.topic_id if by_id else sent_ids.get(tp, ZERO_UUID)))
-                if sent is None:
-                    continue
-                state = sent.state
-                partition = self._current(tp, state)
-                if partition is None or partition.log_end_offset != sent.fetch_offset:
-                    # Removed, re-added or truncated since the request: this answer is dropped,
-                    # and the leader, which thinks it was delivered, will not repeat its high
-                    # watermark; a full fetch next time brings every partition's up to date.
-                    session.close_existing()
-                    continue
-                partition_error = ErrorCode(data.error_code)
-                if partition_error == ErrorCode.none:
-                    try:
-                        await self._process(partition, state, data)
-                    except Exception:
-                        self._fail(tp, state, "appending")
-                elif partition_error == ErrorCode.offset_out_of_range:
-                    out_of_range.append((tp, state))
-                else:
-                    # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, ...: the leader's
-                    # view differs from ours; a new partition state will come.
-                    log.debug(
-                        "replica fetch error; retrying",
-                        extra={"partition": str(tp), "error": partition_error.name},
-                    )
-                    self._delay(tp, state)
+            error = answer.error
+            if error == ErrorCode.none:
+                try:
+                    await self._process(partition, state, answer)
+                except Exception:
+                    self._fail(tp, state, "appending")
+            elif error == ErrorCode.offset_out_of_range:
+                out_of_range.append((tp, state))
+            else:
+                # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, ...: the leader's
+                # view differs from ours; a new partition state will come.
+                log.debug("replica fetch error; retrying", extra={"partition": str(tp), "error": error.name})
+                self._delay(state)
         for tp, state in out_of_range:
-            await self._handle_out_of_range(connection, tp, state)
+            await self._handle_out_of_range(tp, state)
 
-    async def _process(self, partition: Partition, state: PartitionFetchState, data: Any) -> None:
+    async def _process(
+        self, partition: Partition, state: PartitionFetchState, answer: FetchedPartition
+    ) -> None:
         tp = partition.tp
-        diverging = getattr(data, "diverging_epoch", None)
-        if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
-            offset, _ = truncation_offset(partition, diverging.epoch, diverging.end_offset)
+        if answer.diverging_epoch is not None:
+            epoch, end_offset = answer.diverging_epoch
+            offset, _ = truncation_offset(partition, epoch, end_offset)
             await self._truncate_partition(partition, offset)
             return
-        if data.records:
-            await self._start_at_first_batch(partition, data.records)
-            if self._current(tp, state) is not partition:
-                return  # led here, removed or re-added while the restart ran off the loop
-            await partition.append_records_as_follower(data.records)
+        records = answer.records
+        if records:
+            log_ = partition.log
+            if log_.log_end_offset == log_.log_start_offset:
+                await self._start_at_first_batch(partition, records)
+                if self._current(tp, state) is not partition:
+                    return  # led here, removed or re-added while the restart ran off the loop
+            await partition.append_records_as_follower(records)
             if self._current(tp, state) is not partition:
                 return  # led here, removed or re-added while the append ran off the loop
-        partition.update_follower_high_watermark(data.high_watermark)
-        partition.log.follow_log_start_offset(data.log_start_offset, partition.high_watermark)
+        partition.update_follower_high_watermark(answer.high_watermark)
+        partition.log.follow_log_start_offset(answer.log_start_offset, partition.high_watermark)
 
     @staticmethod
     async def _start_at_first_batch(partition: Partition, records: bytes) -> None:
@@ -595,16 +454,14 @@ class ReplicaFetcher:
             )
             await partition.truncate_fully_and_start_at(header.base_offset)
 
-    async def _handle_out_of_range(
-        self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState
-    ) -> None:
+    async def _handle_out_of_range(self, tp: TopicPartition, state: PartitionFetchState) -> None:
         """The follower's LEO is outside the leader's log (Kafka's handleOutOfRangeError): above the
         leader's LEO, truncate to it; below the leader's log start, restart the log there."""
-        leader_end = await self._leader_offset(connection, tp, state, LATEST_TIMESTAMP)
-        leader_start = await self._leader_offset(connection, tp, state, EARLIEST_TIMESTAMP)
+        leader_end = await self.endpoint.fetch_latest_offset(tp, state.current_leader_epoch)
+        leader_start = await self.endpoint.fetch_earliest_offset(tp, state.current_leader_epoch)
         partition = self._current(tp, state)
         if partition is None or leader_end is None or leader_start is None:
-            self._delay(tp, state)
+            self._delay(state)
             return
         try:
             if leader_end < partition.log_end_offset:
@@ -622,40 +479,6 @@ class ReplicaFetcher:
         except Exception:
             self._fail(tp, state, "truncating to the leader's log")
 
-    async def _leader_offset(
-        self, connection: BrokerConnection, tp: TopicPartition, state: PartitionFetchState, timestamp: int
-    ) -> int | None:
-        version = connection.version(ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION[1], LIST_OFFSETS_VERSION[0])
-        module = request_module(ApiKey.LIST_OFFSETS, version)
-        request = build(
-            module.ListOffsetsRequest,
-            replica_id=self._replica_manager.node_id,
-            isolation_level=0,
-            topics=(
-                build(
-                    module.ListOffsetsTopic,
-                    name=tp.topic,
-                    partitions=(
-                        build(
-                            module.ListOffsetsPartition,
-                            partition_index=tp.partition,
-                            current_leader_epoch=state.leader_epoch,
-                            timestamp=timestamp,
-                            max_num_offsets=1,
-                        ),
-                    ),
-                ),
-            ),
-        )
-        response = await connection.send(
-            request, timeout=self._manager.config.replica_socket_timeout_ms / 1000
-        )
-        for topic in response.topics:
-            for answer in topic.partitions:
-                if answer.error_code == ErrorCode.none:
-                    return int(answer.offset)
-        return None
-
 
 class ReplicaFetcherManager:
     """The fetchers of one broker: num.replica.fetchers per leader it follows, each partition
@@ -663,9 +486,18 @@ class ReplicaFetcherManager:
     partitions is shut down once the change that emptied it is done (a partition moving to a new
     epoch of the same leader is removed and added again at once: its fetcher stays)."""
 
-    def __init__(self, replica_manager: ReplicaManager, config: ReplicationConfig) -> None:
-        self.replica_manager = replica_manager
+    def __init__(
+        self,
+        replicas: FollowerReplicas,
+        config: ReplicationConfig,
+        endpoint_factory: Callable[[int], LeaderEndPoint] | None = None,
+    ) -> None:
+        self._replicas = replicas
         self.config = config
+        # How a fetcher reaches leader ``leader_id``: over the network unless a test says otherwise.
+        self._endpoint_factory = endpoint_factory or (
+            lambda leader_id: RemoteLeaderEndPoint(leader_id, replicas, lambda: self.config)
+        )
         self._fetchers: dict[tuple[int, int], ReplicaFetcher] = {}
         # Idle fetchers being shut down, and whether a check for idle fetchers is scheduled.
         self._stopping: set[asyncio.Task[None]] = set()
@@ -695,10 +527,14 @@ class ReplicaFetcherManager:
         key = (leader_id, spread % max(1, self.config.num_replica_fetchers))
         fetcher = self._fetchers.get(key)
         if fetcher is None:
-            fetcher = self._fetchers[key] = ReplicaFetcher(self, leader_id)
+            fetcher = ReplicaFetcher(
+                self._replicas,
+                self._endpoint_factory(leader_id),
+                lambda: self.config.replica_fetch_backoff_ms,
+            )
+            self._fetchers[key] = fetcher
             fetcher.start()
-        fetcher.partitions[tp] = PartitionFetchState(topic_id, leader_epoch)
-        fetcher.wake()
+        fetcher.add_partition(tp, topic_id, leader_epoch)
 
     def remove_partitions(self, tps: list[TopicPartition]) -> None:
         for fetcher in self._fetchers.values():

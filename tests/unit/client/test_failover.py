@@ -19,7 +19,7 @@ from strom.client.consumer.structs import LogTruncationError, OffsetAndMetadata
 from strom.client.consumer.subscription_state import OffsetResetStrategy, SubscriptionState
 from strom.client.producer.accumulator import RecordAccumulator
 from strom.client.producer.sender import Sender
-from strom.network.fetch_session import FetchSessionHandler
+from strom.network.fetch_session_handler import FetchSessionHandler
 from strom.network.pool import Node
 from strom.protocol.apis import ApiKey, response_module
 from strom.protocol.errors import ErrorCode

@@ -57,7 +57,7 @@ from strom.network.connection import (
     RequestTimeoutError,
     UnsupportedVersionError,
 )
-from strom.network.fetch_session import FetchSessionHandler, FetchSessionRequest
+from strom.network.fetch_session_handler import FetchSessionHandler, FetchSessionRequest
 from strom.protocol.apis import ApiKey, request_module
 from strom.protocol.messages import build
 from strom.records.batch import InvalidBatchError

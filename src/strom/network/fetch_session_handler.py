@@ -54,7 +54,13 @@ class FetchSessionHandler(Generic[K, D]):
         if self.epoch == INITIAL_EPOCH:
             request.to_send = dict(wanted)
         else:
-            request.to_send = {key: data for key, data in wanted.items() if self._partitions.get(key) != data}
+            # Identity first: a fetcher that keeps an unchanged request object skips the comparison.
+            sent = self._partitions
+            request.to_send = {
+                key: data
+                for key, data in wanted.items()
+                if (old := sent.get(key)) is not data and old != data
+            }
             request.to_forget = [key for key in self._partitions if key not in wanted]
         self._partitions = dict(wanted)
         return request
