@@ -577,13 +577,26 @@ class Controller:
             todo = [(p, r) for p, r in missing[topic] if (topic, p) not in existing]
             # Per partition: its znode, its state znode and its entry in the notification.
             size = 3 * len(znodes.partition_state_path(topic, 0)) + 160
-            for chunk in chunked(todo, partial(_constant, size)):
-                created = await self._create_states(topic, chunk, live, parents[topic])
+            chunks = chunked(todo, partial(_constant, size))
+            topic_parents = parents[topic]
+            if topic_parents is None and chunks:
+                # The chunk that creates the topic's partitions znode goes first, alone.
+                created = await self._create_states(topic, chunks.pop(0), live, None)
                 if created is None:
                     await self._create_missing_states([topic])
-                    break
+                    continue
+                if not created:
+                    continue  # the topic is gone
                 known.update(created)
-                parents[topic] = (parents[topic] or set()) | set(created)
+                topic_parents = set(created)
+            # The rest together: ZooKeeper commits them to its log together.
+            results = await asyncio.gather(
+                *(self._create_states(topic, chunk, live, topic_parents) for chunk in chunks)
+            )
+            for created in results:
+                known.update(created or ())
+            if any(created is None for created in results):
+                await self._create_missing_states([topic])
 
     def _state_creation_ops(
         self, topic: str, partitions: list[tuple[int, list[int]]], live: set[int], parents: set[int] | None
