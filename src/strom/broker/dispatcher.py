@@ -34,7 +34,7 @@ from strom.protocol.framing import (
 )
 
 if TYPE_CHECKING:
-    from strom.broker.server import BrokerServer
+    from strom.broker.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ WORKER_DECODE_BYTES = 256 * 1024
 @dataclass(slots=True)
 class RequestContext:
     header: RequestHeader
-    broker: BrokerServer
+    broker: Broker
     connection: KafkaConnection
 
     @property
@@ -78,7 +78,7 @@ def _decode_request(api_key: int, version: int, frame: memoryview) -> tuple[Requ
 
 
 class RequestDispatcher:
-    def __init__(self, broker: BrokerServer, handlers: dict[ApiKey, Handler]) -> None:
+    def __init__(self, broker: Broker, handlers: dict[ApiKey, Handler]) -> None:
         self._broker = broker
         self._handlers = handlers
 
