@@ -14,8 +14,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kazoo.exceptions import KazooException
-
 from strom.broker.cluster.assignment import InvalidReplicationFactorError
 from strom.broker.cluster.controller import Controller, request_controlled_shutdown
 from strom.broker.cluster.local import (
@@ -795,7 +793,7 @@ class BrokerServer:
             )
         except TopicExistsError:  # created meanwhile, by this broker or another
             pass
-        except (MetadataWaitTimeout, InvalidReplicationFactorError, KazooException) as e:
+        except (MetadataWaitTimeout, InvalidReplicationFactorError) as e:
             raise CoordinatorUnavailableError(str(e)) from e
 
     async def prepare_offsets_topic(self) -> None:

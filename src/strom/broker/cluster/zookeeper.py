@@ -1280,7 +1280,14 @@ class ZkControlPlane:
 
     async def allocate_producer_id_block(self, size: int = znodes.PRODUCER_ID_BLOCK_SIZE) -> range:
         """The next block of producer ids, unique across the cluster: a conditional update of
-        /latest_producer_id_block, retried when another broker took a block meanwhile."""
+        /latest_producer_id_block, retried when another broker took a block meanwhile.
+        ZooKeeperUnavailableError when ZooKeeper cannot be reached."""
+        try:
+            return await self._allocate_producer_id_block(size)
+        except KazooException as e:
+            raise ZooKeeperUnavailableError(f"ZooKeeper: {e!r}") from e
+
+    async def _allocate_producer_id_block(self, size: int) -> range:
         while True:
             data, stat = await self.zk.get(znodes.LATEST_PRODUCER_ID_BLOCK)
             if data:
