@@ -1,7 +1,8 @@
 """The admin handlers in process, through the ControlPlane interface: CreateTopics, DeleteTopics,
 CreatePartitions, AlterConfigs, ElectLeaders and the reassignment APIs against a broker built
-from real parts (LocalControlPlane, ReplicaManager with its Partitions and logs, GroupCoordinator)
-and no sockets: what a handler needs is the narrow ``Broker`` protocol, nothing else."""
+from real parts (ReplicaManager with its Partitions and logs, GroupCoordinator, and a
+LocalControlPlane, or a ZkControlPlane on the in-memory ZooKeeper of tests/fakezk.py with the
+real controller) and no sockets: what a handler needs is the narrow ``Broker`` protocol."""
 
 from __future__ import annotations
 
@@ -11,9 +12,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
+from fakezk import FakeZooKeeper, FakeZooKeeperServer
 from strom.broker.broker import Broker
+from strom.broker.cluster import zookeeper
 from strom.broker.cluster.local import LocalControlPlane
 from strom.broker.cluster.metadata import TopicState
+from strom.broker.cluster.plane import ControlPlane
+from strom.broker.cluster.zookeeper import ZkControlPlane
 from strom.broker.config import KafkaConfig
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from strom.broker.coordinator.group_metadata_manager import GroupMetadataManager
@@ -22,10 +29,12 @@ from strom.broker.fetch_session import FetchSessionCache
 from strom.broker.handlers import HANDLERS
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
+from strom.broker.zk import znodes
 from strom.protocol.apis import SUPPORTED_VERSIONS, ApiKey, is_flexible, request_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.framing import RequestHeader
 from strom.storage import LogConfig, LogManager
+from unit.test_controller_convergence import Harness
 
 T = TypeVar("T")
 TIMEOUT = datetime.timedelta(seconds=5)
@@ -36,13 +45,25 @@ class InProcessBroker:
     """A single node's handler-facing parts, wired as BrokerServer wires them (and the embedded
     control plane's Hosting: the file work of its topic changes)."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, zookeeper: FakeZooKeeperServer | None = None) -> None:
         log_dir = tmp_path / "logs"
-        self.config = KafkaConfig.from_sources({"log.dirs": str(log_dir), "node.id": "0"}, {})
+        props = {"log.dirs": str(log_dir), "node.id": "0"}
+        if zookeeper is not None:
+            props["zookeeper.connect"] = "fake:2181"
+        self.config = KafkaConfig.from_sources(props, {})
         self.node_id = 0
         self.log_manager = LogManager([log_dir])
-        self.control_plane = LocalControlPlane([log_dir], self.node_id, lambda: ("localhost", 9092))
-        self.control_plane.attach(self)
+        self.control_plane: ControlPlane
+        if zookeeper is None:
+            local = self.control_plane = LocalControlPlane(
+                [log_dir], self.node_id, lambda: ("localhost", 9092)
+            )
+            local.attach(self)
+            local.load()
+        else:
+            self.zk_plane = self.control_plane = ZkControlPlane(
+                self.config, [log_dir], lambda _: None, lambda: None
+            )
         self.replica_manager = ReplicaManager(self.log_manager, self._log_config, node_id=self.node_id)
         self.group_coordinator = GroupCoordinator(
             GroupConfig(
@@ -59,7 +80,6 @@ class InProcessBroker:
         self.fetch_sessions = FetchSessionCache(10)
         self.dynamic_config: Any = None  # BROKER resources are not under test here
         self.producer_ids: Any = None
-        self.control_plane.load()
         self.log_manager.startup(lambda _: LogConfig(), {})
 
     def _log_config(self, topic: TopicState) -> LogConfig:
@@ -94,7 +114,8 @@ class InProcessBroker:
 
     def close(self) -> None:
         self.log_manager.shutdown()
-        self.control_plane.close()
+        if isinstance(self.control_plane, LocalControlPlane):
+            self.control_plane.close()
 
 
 def run(tmp_path: Path, scenario: Callable[[InProcessBroker], Awaitable[T]]) -> T:
@@ -119,14 +140,21 @@ async def call(broker: Broker, api: ApiKey, request: Any) -> Any:
 
 
 async def create_topic(
-    broker: Broker, name: str, partitions: int, configs: dict[str, str] | None = None
+    broker: Broker,
+    name: str,
+    partitions: int,
+    configs: dict[str, str] | None = None,
+    assignment: list[list[int]] | None = None,
 ) -> Any:
     m = entities(ApiKey.CREATE_TOPICS)
     topic = m.CreatableTopic(
         name=name,
-        num_partitions=partitions,
+        num_partitions=-1 if assignment else partitions,
         replication_factor=-1,
-        assignments=(),
+        assignments=tuple(
+            m.CreatableReplicaAssignment(partition_index=p, broker_ids=tuple(r))
+            for p, r in enumerate(assignment or [])
+        ),
         configs=tuple(m.CreatableTopicConfig(name=k, value=v) for k, v in (configs or {}).items()),
     )
     response = await call(
@@ -280,3 +308,157 @@ def test_reassignments_on_one_broker(tmp_path: Path) -> None:
         assert response.error_code == ErrorCode.none and response.topics == ()
 
     run(tmp_path, scenario)
+
+
+# -- the same handlers against the ZooKeeper plane and the real controller ---------------------------
+
+
+def run_on_zookeeper(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    scenario: Callable[[InProcessBroker, Harness], Awaitable[None]],
+) -> None:
+    """Brokers 1-3 registered and a controller on the in-memory ZooKeeper; the broker under test
+    (0, not registered: it hosts nothing) reads and writes it through its ZkControlPlane."""
+
+    async def main() -> None:
+        h = Harness()
+        monkeypatch.setattr(zookeeper, "AsyncZooKeeper", lambda *args: FakeZooKeeper(h.server))
+        for broker_id in (1, 2, 3):
+            await h.broker_up(broker_id)
+        await h.start_controller()
+        broker = InProcessBroker(tmp_path, h.server)
+        await broker.zk_plane.start()
+        try:
+            await asyncio.wait_for(scenario(broker, h), 60)
+        finally:
+            await broker.zk_plane.close()
+            await h.stop()
+            broker.close()
+
+    asyncio.run(main())
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 30
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def leader_of(broker: InProcessBroker, topic: str, partition: int) -> int:
+    state = broker.control_plane.image.topic(topic)
+    return state.partitions[partition].leader if state is not None else -1
+
+
+def test_topics_configs_and_partitions_through_zookeeper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario(broker: InProcessBroker, h: Harness) -> None:
+        created = await create_topic(broker, "t", 0, assignment=[[1, 2, 3], [2, 3, 1]])
+        assert created.error_code == ErrorCode.none
+        assert [leader_of(broker, "t", p) for p in (0, 1)] == [1, 2]  # the controller elected them
+        assert h.server.data(znodes.topic_path("t")) is not None
+        too_many = await create_topic(broker, "rf4", 1, assignment=[[1, 2, 3, 9]])
+        assert too_many.error_code == ErrorCode.invalid_replica_assignment
+
+        grow = entities(ApiKey.CREATE_PARTITIONS)
+        request = grow.CreatePartitionsRequest(
+            topics=(grow.CreatePartitionsTopic(name="t", count=3, assignments=None),),
+            timeout=TIMEOUT,
+            validate_only=False,
+        )
+        assert (await call(broker, ApiKey.CREATE_PARTITIONS, request)).results[0].error_code == ErrorCode.none
+        topic = broker.control_plane.image.topic("t")
+        assert topic is not None and len(topic.partitions) == 3 and topic.partitions[2].leader in (1, 2, 3)
+
+        alter = entities(ApiKey.ALTER_CONFIGS)
+        resource = alter.AlterConfigsResource(
+            resource_type=TOPIC_RESOURCE,
+            resource_name="t",
+            configs=(alter.AlterableConfig(name="retention.ms", value="777"),),
+        )
+        response = await call(
+            broker,
+            ApiKey.ALTER_CONFIGS,
+            alter.AlterConfigsRequest(resources=(resource,), validate_only=False),
+        )
+        assert response.responses[0].error_code == ErrorCode.none
+        assert znodes.EntityConfigZNode.decode(
+            h.server.data(znodes.topic_config_path("t")) or b""
+        ).config == {"retention.ms": "777"}
+        topic = broker.control_plane.image.topic("t")
+        assert topic is not None and topic.configs == {"retention.ms": "777"}
+
+        delete = entities(ApiKey.DELETE_TOPICS)
+        request = delete.DeleteTopicsRequest(
+            topics=(delete.DeleteTopicState(name="t", topic_id=None),), timeout=TIMEOUT
+        )
+        assert (await call(broker, ApiKey.DELETE_TOPICS, request)).responses[0].error_code == ErrorCode.none
+        assert broker.control_plane.image.topic("t") is None
+        assert h.server.data(znodes.topic_path("t")) is None
+
+    run_on_zookeeper(tmp_path, monkeypatch, scenario)
+
+
+def test_elections_and_reassignments_through_zookeeper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario(broker: InProcessBroker, h: Harness) -> None:
+        assert (
+            await create_topic(broker, "t", 0, assignment=[[1, 2, 3], [2, 3, 1]])
+        ).error_code == ErrorCode.none
+        # Leadership of partition 0 moved away from its preferred replica (all still in the ISR),
+        # written as a leader's ISR change is: the state, then a notification.
+        h.set_state("t", 0, znodes.LeaderAndIsr(2, 5, [1, 2, 3], 1))
+        await h.admin.create(
+            f"{znodes.ISR_CHANGE_NOTIFICATION}/{znodes.ISR_CHANGE_PREFIX}",
+            znodes.encode_partition_list([("t", 0)]),
+            sequence=True,
+        )
+        await until(lambda: leader_of(broker, "t", 0) == 2, "the moved leadership in the image")
+
+        elect = entities(ApiKey.ELECT_LEADERS)
+        request = elect.ElectLeadersRequest(
+            election_type=0,
+            topic_partitions=(elect.TopicPartitions(topic="t", partitions=(0, 1)),),
+            timeout=TIMEOUT,
+        )
+        response = await call(broker, ApiKey.ELECT_LEADERS, request)
+        results = {
+            p.partition_id: p.error_code
+            for r in response.replica_election_results
+            for p in r.partition_result
+        }
+        assert results == {0: ErrorCode.none, 1: ErrorCode.election_not_needed}
+        state = h.state("t", 0)
+        assert state is not None and state.leader == 1  # the controller elected the preferred replica
+
+        m = entities(ApiKey.ALTER_PARTITION_REASSIGNMENTS)
+
+        async def reassign(partition: int, replicas: tuple[int, ...] | None) -> Any:
+            topic = m.ReassignableTopic(
+                name="t", partitions=(m.ReassignablePartition(partition_index=partition, replicas=replicas),)
+            )
+            request = m.AlterPartitionReassignmentsRequest(
+                timeout=TIMEOUT, allow_replication_factor_change=True, topics=(topic,)
+            )
+            return (
+                (await call(broker, ApiKey.ALTER_PARTITION_REASSIGNMENTS, request)).responses[0].partitions[0]
+            )
+
+        assert (await reassign(1, (2, 9))).error_code == ErrorCode.invalid_replica_assignment
+        assert (await reassign(1, None)).error_code == ErrorCode.no_reassignment_in_progress
+        # Dropping a replica: every target replica is in the ISR, so the controller completes it.
+        assert (await reassign(1, (2, 3))).error_code == ErrorCode.none
+        assignment = znodes.TopicZNode.decode(h.server.data(znodes.topic_path("t")) or b"")
+        assert assignment.partitions[1] == [2, 3] and not assignment.removing_replicas
+        listing = entities(ApiKey.LIST_PARTITION_REASSIGNMENTS)
+        response = await call(
+            broker,
+            ApiKey.LIST_PARTITION_REASSIGNMENTS,
+            listing.ListPartitionReassignmentsRequest(timeout=TIMEOUT, topics=None),
+        )
+        assert response.error_code == ErrorCode.none and response.topics == ()
+
+    run_on_zookeeper(tmp_path, monkeypatch, scenario)
