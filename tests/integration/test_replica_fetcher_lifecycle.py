@@ -60,7 +60,7 @@ class Plane:
             server.log_manager,
             server.log_config,
             node_id=node_id,
-            cluster=Link(self, node_id),
+            link=Link(self, node_id),
             replication=ReplicationConfig(
                 replica_lag_time_max_ms=10_000,
                 replica_fetch_wait_max_ms=100,

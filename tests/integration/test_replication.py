@@ -63,7 +63,7 @@ class MiniControlPlane:
             server.log_manager,
             server.log_config,
             node_id=node_id,
-            cluster=self.link(node_id),
+            link=self.link(node_id),
             replication=ReplicationConfig(
                 replica_lag_time_max_ms=LAG_MS,
                 replica_fetch_wait_max_ms=100,

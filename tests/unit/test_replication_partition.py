@@ -203,7 +203,7 @@ def make_manager(tmp_path: Path, clock: Clock, link: FakeLink) -> ReplicaManager
     return ReplicaManager(
         log_manager,
         lambda topic: LogConfig.from_props(topic.configs),
-        cluster=link,
+        link=link,
         replication=ReplicationConfig(replica_lag_time_max_ms=LAG_MS),
         time_ms=clock,
     )

@@ -38,7 +38,7 @@ from strom.protocol.framing import (
 )
 
 if TYPE_CHECKING:
-    from strom.broker.server import BrokerServer
+    from strom.broker.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ INLINE_DECODE_ELEMENTS = 1000
 @dataclass(slots=True)
 class RequestContext:
     header: RequestHeader
-    broker: BrokerServer
+    broker: Broker
     connection: KafkaConnection
 
     @property
@@ -87,7 +87,7 @@ def _decode_request(
 
 
 class RequestDispatcher:
-    def __init__(self, broker: BrokerServer, handlers: dict[ApiKey, Handler]) -> None:
+    def __init__(self, broker: Broker, handlers: dict[ApiKey, Handler]) -> None:
         self._broker = broker
         self._handlers = handlers
 

@@ -32,7 +32,10 @@ from strom.broker.zk.znodes import (
 from strom.storage.checkpoint import write_atomically
 
 if TYPE_CHECKING:
-    from strom.broker.server import BrokerServer
+    from strom.broker.cluster.plane import ControlPlane
+    from strom.broker.network import NetworkLimits
+    from strom.broker.replica_manager import ReplicaManager
+    from strom.storage import LogManager
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +193,27 @@ def check_thread_counts(old: KafkaConfig, new: KafkaConfig) -> None:
         )
 
 
+class Reconfigurable(Protocol):
+    """What dynamic broker configs change (BrokerServer): its config and the parts that read it."""
+
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def config(self) -> KafkaConfig: ...
+    @property
+    def control_plane(self) -> ControlPlane: ...
+    @property
+    def replica_manager(self) -> ReplicaManager: ...
+    @property
+    def log_manager(self) -> LogManager: ...
+    @property
+    def network(self) -> NetworkLimits: ...
+
+
 class DynamicBrokerConfig:
     """The broker's dynamic configs: loads them at startup, alters and applies them."""
 
-    def __init__(self, broker: BrokerServer, store: DynamicBrokerConfigStore) -> None:
+    def __init__(self, broker: Reconfigurable, store: DynamicBrokerConfigStore) -> None:
         self._broker = broker
         self.store = store
         self._lock = asyncio.Lock()

@@ -136,7 +136,7 @@ class ReplicaManager:
         config_for: Callable[[TopicState], LogConfig],
         *,
         node_id: int | None = None,
-        cluster: ClusterLink | None = None,
+        link: ClusterLink | None = None,
         replication: ReplicationConfig | None = None,
         time_ms: Callable[[], int] = wall_clock_ms,
         fetch_sessions: FetchSessionCache | None = None,
@@ -145,8 +145,8 @@ class ReplicaManager:
         # The KIP-227 sessions fetching from this broker: told of every change a fetch answers.
         self.fetch_sessions = fetch_sessions
         self._config_for = config_for
-        self.cluster = cluster
-        self.node_id = node_id if node_id is not None else (cluster.node_id if cluster is not None else 0)
+        self.link = link
+        self.node_id = node_id if node_id is not None else (link.node_id if link is not None else 0)
         self.replication = replication or ReplicationConfig()
         self._time_ms = time_ms
         self._partitions: dict[TopicPartition, Partition] = {}
@@ -163,7 +163,7 @@ class ReplicaManager:
         self._alter_tasks: set[asyncio.Task[None]] = set()
         self._background: list[asyncio.Task[None]] = []
         self._checkpointed_high_watermarks: dict[tuple[str, int], int] | None = None
-        self.fetchers = ReplicaFetcherManager(self, self.replication) if cluster is not None else None
+        self.fetchers = ReplicaFetcherManager(self, self.replication) if link is not None else None
         # Registered brokers' hosts resolved to addresses: (addresses, monotonic time resolved).
         self._resolved_hosts: dict[str, tuple[frozenset[str], float]] = {}
         self._last_refusal_logged = -REFUSAL_LOG_INTERVAL_S
@@ -240,7 +240,7 @@ class ReplicaManager:
             self._applied.pop(tp, None)
             partition = self._partitions.pop(tp, None)
             if partition is not None:
-                if partition.is_leader and self.cluster is not None:
+                if partition.is_leader and self.link is not None:
                     resigned.append(tp)
                 partition.leader_id = -1
                 partition.fail_delayed_produces(ErrorCode.not_leader_or_follower)
@@ -278,11 +278,11 @@ class ReplicaManager:
         return partition.leader_id, partition.leader_epoch
 
     def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
-        return self.cluster.broker_endpoint(broker_id) if self.cluster is not None else None
+        return self.link.broker_endpoint(broker_id) if self.link is not None else None
 
     def broker_epoch(self, broker_id: int) -> int | None:
         """A live broker's epoch (KIP-903), None if it is not registered (or on a single node)."""
-        return self.cluster.broker_epoch(broker_id) if self.cluster is not None else None
+        return self.link.broker_epoch(broker_id) if self.link is not None else None
 
     # -- who may fetch as a follower ------------------------------------------------------------
 
@@ -347,7 +347,11 @@ class ReplicaManager:
 
     def peer_endpoint(self, broker_id: int) -> tuple[str, int] | None:
         """The inter-broker listener of ``broker_id`` (where a replica fetcher connects)."""
-        return self.cluster.peer_endpoint(broker_id) if self.cluster is not None else None
+        return self.link.peer_endpoint(broker_id) if self.link is not None else None
+
+    def applied_state(self, tp: TopicPartition) -> tuple[int, int] | None:
+        """The (leader epoch, partition epoch) of the partition's state applied here, if hosted."""
+        return self._applied.get(tp)
 
     async def become_leader_or_follower(self, topic: TopicState, states: list[PartitionState]) -> None:
         """Kafka's becomeLeaderOrFollower for partitions of ``topic``, in steps of up to
@@ -446,7 +450,7 @@ class ReplicaManager:
                 -1,
                 [],
                 local_id=self.node_id,
-                replicated=self.cluster is not None,
+                replicated=self.link is not None,
                 high_watermark=self._checkpointed_high_watermarks.get((tp.topic, tp.partition), 0),
             )
 
@@ -551,7 +555,7 @@ class ReplicaManager:
 
     def _maybe_alter_isr(self, partition: Partition, new_isr: list[int] | None) -> None:
         """Propose ``new_isr`` through the cluster link (one change in flight per partition)."""
-        if new_isr is None or self.cluster is None or partition.pending_isr is not None:
+        if new_isr is None or self.link is None or partition.pending_isr is not None:
             return
         proposed = PartitionState(
             partition=partition.tp.partition,
@@ -567,10 +571,10 @@ class ReplicaManager:
         task.add_done_callback(self._alter_tasks.discard)
 
     async def _alter_partition(self, partition: Partition, proposed: PartitionState) -> None:
-        assert self.cluster is not None
+        assert self.link is not None
         tp = partition.tp
         try:
-            written = await self.cluster.alter_partition(tp.topic, proposed)
+            written = await self.link.alter_partition(tp.topic, proposed)
         except Exception as e:
             log.warning(
                 # repr: kazoo's errors (SessionExpiredError, ConnectionLoss) have empty messages.
@@ -613,7 +617,7 @@ class ReplicaManager:
 
     async def start(self) -> None:
         """Start the ISR-shrink and HW-checkpoint schedulers (cluster mode; nothing on a single node)."""
-        if self.cluster is None:
+        if self.link is None:
             return
         loop = asyncio.get_running_loop()
         self._background = [
@@ -650,7 +654,7 @@ class ReplicaManager:
     async def shutdown(self) -> None:
         """Stop fetchers and schedulers, fail waiting produces, and checkpoint the high watermarks
         (before the log manager closes the logs)."""
-        if self.cluster is None:
+        if self.link is None:
             return
         for task in [*self._background, *self._alter_tasks]:
             task.cancel()
@@ -789,7 +793,7 @@ class ReplicaManager:
                 if isinstance(outcome, BaseException):
                     log.error("flush failed", extra={"partition": str(tp), "error": str(outcome)})
                     results[tp] = ProduceResult(ErrorCode.kafka_storage_error, error_message=str(outcome))
-        if required_acks == -1 and self.cluster is not None:
+        if required_acks == -1 and self.link is not None:
             await self._await_replication(results, timeout_ms)
         return results
 

@@ -10,11 +10,9 @@ import socket
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
-
-from kazoo.exceptions import KazooException
 
 from strom.broker.cluster.assignment import InvalidReplicationFactorError
 from strom.broker.cluster.controller import Controller, request_controlled_shutdown
@@ -25,14 +23,14 @@ from strom.broker.cluster.local import (
     validate_topic_name,
 )
 from strom.broker.cluster.metadata import TopicState
-from strom.broker.cluster.zookeeper import (
-    NO_STATE_EPOCH,
+from strom.broker.cluster.plane import (
+    ADMIN_TIMEOUT_MS,
+    ControlPlane,
     CoordinatorUnavailableError,
     LeaderNotAvailableError,
     MetadataWaitTimeout,
-    ZkControlPlane,
-    ZooKeeperUnavailableError,
 )
+from strom.broker.cluster.zookeeper import NO_STATE_EPOCH, ZkControlPlane
 from strom.broker.config import KafkaConfig
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, GroupMetadataManager
@@ -54,12 +52,6 @@ from strom.storage.checkpoint import TOPIC_CONFIGS, TopicConfigsFile
 log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK_SIZE = 1000
-# How long a cluster's admin operation waits for its effect when the request names no timeout
-# (Kafka's default request timeout).
-ADMIN_TIMEOUT_MS = 30_000
-# How much longer than its request's timeout a cluster admin operation may take to answer: its
-# own waits end at the timeout and answer more precisely than ZooKeeperUnavailableError.
-ADMIN_ANSWER_GRACE_S = 1.0
 # How long Metadata's auto-creation of a topic waits for its leaders in a cluster.
 AUTO_CREATE_WAIT_MS = 3_000
 
@@ -126,20 +118,23 @@ class BrokerServer:
         self.node_id = config.node_id
         log_dirs = [Path(d) for d in config.log_dirs]
         # Without zookeeper.connect the broker is a cluster of one with its embedded control plane.
-        self.cluster: ZkControlPlane | None = None
+        self.zk_plane: ZkControlPlane | None = None
         self._local: LocalControlPlane | None = None
-        self.control_plane: LocalControlPlane | ZkControlPlane
+        self.control_plane: ControlPlane
         # Dynamic broker configs (AlterConfigs on the BROKER resource): in ZooKeeper's
         # /config/brokers in a cluster, else beside the local metadata file.
         store: DynamicBrokerConfigStore
         if config.in_cluster:
-            cluster = self.cluster = self.control_plane = ZkControlPlane(
-                config, log_dirs, self._topic_changed, self._brokers_changed
+            zk_plane = self.zk_plane = self.control_plane = ZkControlPlane(
+                config, log_dirs, self._topic_changed, self._brokers_changed, self._leads_its_partitions
             )
-            self.producer_ids = ProducerIdManager(cluster.allocate_producer_id_block)
-            store = ZkDynamicConfigStore(lambda: cluster.zk)
+            self.producer_ids = ProducerIdManager(zk_plane.allocate_producer_id_block)
+            store = ZkDynamicConfigStore(lambda: zk_plane.zk)
         else:
-            self._local = self.control_plane = LocalControlPlane(log_dirs, self.node_id)
+            self._local = self.control_plane = LocalControlPlane(
+                log_dirs, self.node_id, self.advertised_endpoint
+            )
+            self._local.attach(self)
             self.producer_ids = ProducerIdManager(self._allocate_local_producer_ids)
             store = LocalDynamicConfigStore(log_dirs[0])
         self.dynamic_config = DynamicBrokerConfig(self, store)
@@ -150,14 +145,13 @@ class BrokerServer:
             self.log_manager,
             self.log_config,
             node_id=self.node_id,
-            cluster=self.cluster,
+            link=self.zk_plane,
             replication=ReplicationConfig.from_kafka_config(config),
             fetch_sessions=self.fetch_sessions,
         )
-        # A cluster's controller (the broker contends for /controller) and the partition states
-        # this broker applied, (leader epoch, partition epoch) per partition, by topic.
+        # A cluster's controller (the broker contends for /controller) and the topics this broker
+        # applied (their partitions' states are the replica manager's).
         self.controller: Controller | None = None
-        self._applied: dict[TopicPartition, tuple[int, int]] = {}
         self._hosted: dict[str, TopicState] = {}
         # Topics whose znode could not be read at startup, whose logs were kept unplaced.
         self._withheld_at_startup: set[str] = set()
@@ -196,10 +190,9 @@ class BrokerServer:
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_ports: list[int] = []
         self._bound_port_of: dict[str, int] = {}  # listener name -> its bound port
-        # Serialises topic creation, deletion and changes (see "topic management").
-        self._admin_lock = asyncio.Lock()
         self._offsets_topic_task: asyncio.Task[None] | None = None
-        self._admin_tasks: set[asyncio.Future[Any]] = set()
+        # Deleted topics' offsets being tombstoned (they wait for the ISR).
+        self._deletions: set[asyncio.Future[Any]] = set()
         self._storage_loaded = False
 
     @property
@@ -217,8 +210,8 @@ class BrokerServer:
         # changed nothing (no recovery, no checkpoint, no clean-shutdown marker).
         self.log_manager.lock_log_dirs()
         try:
-            if self.cluster is not None:
-                await self.cluster.start()
+            if self.zk_plane is not None:
+                await self.zk_plane.start()
             await self.dynamic_config.load()
             await self._load_storage()
         except BaseException:
@@ -265,10 +258,10 @@ class BrokerServer:
                 loop.create_task(self._every(self.config.cleaner_config.backoff_ms, self._clean_logs))
             )
         await self.replica_manager.start()
-        if self.cluster is not None:
+        if self.zk_plane is not None:
             # The coordinator owns the groups of the offsets partitions this broker leads.
             self.replica_manager.add_leadership_listener(self.group_coordinator)
-            await self._join_cluster(self.cluster)
+            await self._join_cluster(self.zk_plane)
         log.info(
             "broker started",
             extra={"node_id": self.node_id, "ports": self.bound_ports, "cluster_id": self.cluster_id},
@@ -279,8 +272,8 @@ class BrokerServer:
         await asyncio.get_running_loop().run_in_executor(None, self._load_storage_blocking)
 
     def _load_storage_blocking(self) -> None:
-        if self.cluster is not None:
-            self._load_cluster_storage_blocking(self.cluster)
+        if self.zk_plane is not None:
+            self._load_cluster_storage_blocking(self.zk_plane)
             return
         self.local_plane.load()
         topics = {t.name: t for t in self.control_plane.image.topics()}
@@ -510,7 +503,7 @@ class BrokerServer:
         self.log_manager.move_aside(log_, reason)
 
     async def stop(self) -> None:
-        if self.cluster is not None and self._cluster_ready:
+        if self.zk_plane is not None and self._cluster_ready:
             await self._leave_cluster()
         for server in self._servers:
             server.close()
@@ -522,22 +515,22 @@ class BrokerServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.group_coordinator.shutdown()
-        if self.cluster is not None:
+        if self.zk_plane is not None:
             # Deregisters: the controller moves on without this broker.
             await self._bounded(
-                self.cluster.close(),
+                self.zk_plane.close(),
                 max(self.config.controller_socket_timeout_ms, 0) / 1000,
                 "leaving ZooKeeper",
             )
         await self.replica_manager.shutdown()
         self.replica_manager.wake_all_fetchers()
-        # Admin operations in flight finish (or fail) before the logs close.
-        async with self._admin_lock:
-            if self._storage_loaded:
-                await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
-                self._storage_loaded = False
-            await self.dynamic_config.store.close()
-            await self._close_control_plane()
+        # Admin operations in flight finish (or fail) before the logs close; later ones fail.
+        await self.control_plane.stop_admin()
+        if self._storage_loaded:
+            await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
+            self._storage_loaded = False
+        await self.dynamic_config.store.close()
+        await self._close_control_plane()
         log.info("broker stopped", extra={"node_id": self.node_id})
 
     async def _every(self, interval_ms: int, job: object) -> None:
@@ -613,8 +606,8 @@ class BrokerServer:
         return self._local
 
     async def _close_control_plane(self) -> None:
-        if self.cluster is not None:
-            await self.cluster.close()
+        if self.zk_plane is not None:
+            await self.zk_plane.close()
         else:
             self.local_plane.close()
 
@@ -641,11 +634,11 @@ class BrokerServer:
         attempts, each bounded by controller.socket.timeout.ms (ZooKeeper calls included: an
         unreachable ZooKeeper or controller costs one timeout), controlled.shutdown.retry.backoff.ms
         apart; then the broker stops anyway."""
-        assert self.cluster is not None
+        assert self.zk_plane is not None
         self._cluster_ready = False
         timeout_s = max(self.config.controller_socket_timeout_ms, 0) / 1000
         if self.config.controlled_shutdown_enable and self.controller is not None:
-            cluster = self.cluster
+            zk = self.zk_plane.zk
             # Stop following first (Kafka's controller sends the leaving broker StopReplica): a
             # follower that fetched on would be taken back into an ISR the controller just left.
             if self.replica_manager.fetchers is not None:
@@ -656,7 +649,7 @@ class BrokerServer:
                     await asyncio.sleep(max(self.config.controlled_shutdown_retry_backoff_ms, 0) / 1000)
                 try:
                     done = await asyncio.wait_for(
-                        request_controlled_shutdown(cluster.zk, self.node_id, timeout_s), timeout_s
+                        request_controlled_shutdown(zk, self.node_id, timeout_s), timeout_s
                     )
                 except Exception as e:  # a timeout, ZooKeeper unreachable, ...
                     log.warning("controlled shutdown failed", extra={"attempt": attempt, "error": repr(e)})
@@ -707,12 +700,10 @@ class BrokerServer:
         if hosted is not None and (topic is None or topic.topic_id != hosted.topic_id):
             # Deleted (or deleted and created again): its replicas and offsets go.
             del self._hosted[name]
-            for tp in [tp for tp in self._applied if tp.topic == name]:
-                del self._applied[tp]
             # Its offsets' tombstones wait for the ISR: meanwhile partition states keep applying.
             task = asyncio.ensure_future(self.group_coordinator.on_topic_deleted(name))
-            self._admin_tasks.add(task)
-            task.add_done_callback(self._admin_done)
+            self._deletions.add(task)
+            task.add_done_callback(self._deletion_done)
             await self.replica_manager.stop_replicas(hosted)
             log.info("deleted the replicas of a deleted topic", extra={"topic": name})
         if topic is None:
@@ -727,103 +718,26 @@ class BrokerServer:
             tp = TopicPartition(name, state.partition)
             if state.partition_epoch == NO_STATE_EPOCH:
                 continue  # the controller has not elected its first leader yet
+            applied = self.replica_manager.applied_state(tp)
             if self.node_id not in state.replicas:
-                if tp in self._applied:  # reassigned away from this broker
-                    del self._applied[tp]
+                if applied is not None:  # reassigned away from this broker
                     await self._stop_partition(tp)
                 continue
-            applied = self._applied.get(tp)
             if applied is not None and applied >= (state.leader_epoch, state.partition_epoch):
                 continue
             pending.append(state)
         if pending:
             # One pass through the replica manager for every changed partition of the topic.
             await self.replica_manager.become_leader_or_follower(topic, pending)
-            for state in pending:
-                self._applied[TopicPartition(name, state.partition)] = (
-                    state.leader_epoch,
-                    state.partition_epoch,
-                )
         self._hosted[name] = topic
 
     async def _stop_partition(self, tp: TopicPartition) -> None:
         await self.replica_manager.stop_partitions([tp], delete=True)
 
-    # -- topic management (the embedded controller's operations) -----------------------------
-    #
-    # One at a time (Kafka's controller is single-threaded too): each persists the control plane's
-    # change, does the file work in a worker thread and only then changes what clients see. The
-    # event loop keeps serving meanwhile. A failed write raises KafkaStorageError, changing nothing.
-
-    async def _create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
-        async with self._admin_lock:
-            topic = await self._stage_and_create_logs(
-                self.local_plane.new_topic(name, num_partitions, configs)
-            )
-        log.info("created topic", extra={"topic": name, "partitions": num_partitions})
-        return topic
-
-    async def _admin(self, operation: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run an admin operation to its end even if the requesting client goes away: a half-done
-        change (metadata written, logs not yet created) must not be left behind by a cancellation.
-
-        In a cluster (``timeout_s``: the request's timeout) the answer does not wait past it: a
-        ZooKeeper call made while the connection is lost waits until it is back, maybe for
-        long, and the client gets ZooKeeperUnavailableError (REQUEST_TIMED_OUT) meanwhile while
-        the operation goes on. A ZooKeeper error is such an answer too, not a closed connection."""
-        task = asyncio.ensure_future(operation)
-        self._admin_tasks.add(task)
-        task.add_done_callback(self._admin_done)
-        if timeout_s is None:
-            return await asyncio.shield(task)
-        # asyncio.wait neither cancels the task at its timeout nor when this request is cancelled.
-        await asyncio.wait({task}, timeout=timeout_s + ADMIN_ANSWER_GRACE_S)
-        if not task.done():
-            raise ZooKeeperUnavailableError("ZooKeeper did not answer within the request's timeout")
-        try:
-            return task.result()
-        except KazooException as e:
-            raise ZooKeeperUnavailableError(f"ZooKeeper: {e!r}") from e
-
-    def _admin_done(self, task: asyncio.Future[Any]) -> None:
-        self._admin_tasks.discard(task)
+    def _deletion_done(self, task: asyncio.Future[Any]) -> None:
+        self._deletions.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            # Also retrieves it: the requester may be gone, and its handler answers the error.
-            log.debug("admin operation failed", extra={"error": str(task.exception())})
-
-    async def create_topic(
-        self,
-        name: str,
-        num_partitions: int,
-        configs: Mapping[str, str],
-        *,
-        replication_factor: int = -1,
-        assignment: Mapping[int, list[int]] | None = None,
-        timeout_ms: int | None = None,
-    ) -> uuid.UUID:
-        """Create a topic; returns its id. In a cluster: ``replication_factor`` (-1: the default)
-        or a manual ``assignment``, and MetadataWaitTimeout when its leaders are not elected
-        within ``timeout_ms`` (the topic exists nevertheless)."""
-        if self.cluster is not None:
-            if assignment is None:
-                rf = (
-                    self.config.default_replication_factor if replication_factor == -1 else replication_factor
-                )
-                assignment = self.cluster.assignment(num_partitions, rf)
-            timeout_s = self._timeout_s(timeout_ms)
-            deadline = time.monotonic() + timeout_s
-            topic_id = await self._admin(
-                self.cluster.create_topic(name, assignment, configs, timeout_s), timeout_s
-            )
-            # As Kafka answers once the topic's leaders are in the handling broker's metadata: here
-            # also once this broker leads the partitions ZooKeeper gives it (so the Metadata it serves
-            # next names them), within what is left of the timeout.
-            if not await self.cluster.wait_until(
-                lambda: self._leads_its_partitions(name), deadline - time.monotonic()
-            ):
-                raise MetadataWaitTimeout(f"topic {name} was created, but its leaders are not ready yet")
-            return topic_id
-        return (await self._admin(self._create_topic(name, num_partitions, configs))).topic_id
+            log.error("forgetting a deleted topic's offsets failed", extra={"error": str(task.exception())})
 
     def _leads_its_partitions(self, name: str) -> bool:
         """Every partition of ``name`` that ZooKeeper says this broker leads, it leads already."""
@@ -837,30 +751,6 @@ class BrokerServer:
             if local is None or not local.is_leader or local.leader_epoch < state.leader_epoch:
                 return False
         return True
-
-    async def delete_topic(self, name: str, timeout_ms: int | None = None) -> TopicState | None:
-        if self.cluster is not None:
-            timeout_s = self._timeout_s(timeout_ms)
-            return await self._admin(self.cluster.delete_topic(name, timeout_s), timeout_s)
-        return await self._admin(self._delete_topic(name))
-
-    async def create_partitions(
-        self, name: str, total: int, assignment: list[list[int]] | None = None, timeout_ms: int | None = None
-    ) -> None:
-        if self.cluster is not None:
-            timeout_s = self._timeout_s(timeout_ms)
-            await self._admin(self.cluster.create_partitions(name, total, assignment, timeout_s), timeout_s)
-            return
-        await self._admin(self._create_partitions(name, total))
-
-    async def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
-        if self.cluster is not None:
-            timeout_s = self._timeout_s(None)
-            return await self._admin(self.cluster.set_topic_configs(name, configs, timeout_s), timeout_s)
-        return await self._admin(self._set_topic_configs(name, configs))
-
-    def _timeout_s(self, timeout_ms: int | None) -> float:
-        return (ADMIN_TIMEOUT_MS if timeout_ms is None else max(0, timeout_ms)) / 1000
 
     def _offsets_topic_configs(self) -> dict[str, str]:
         return {
@@ -878,14 +768,14 @@ class BrokerServer:
         """
         if self.control_plane.image.topic(OFFSETS_TOPIC) is not None:
             return
-        if self.cluster is None:
+        if not self.control_plane.replicated:
             with contextlib.suppress(TopicExistsError):  # created meanwhile
-                await self.create_topic(
+                await self.control_plane.create_topic(
                     OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, self._offsets_topic_configs()
                 )
             return
         factor = self.config.offsets_topic_replication_factor
-        live = len(self.cluster.live_brokers)
+        live = len(self.control_plane.live_broker_ids)
         if live < factor:
             raise CoordinatorUnavailableError(
                 f"Number of alive brokers '{live}' does not meet the required replication factor "
@@ -894,7 +784,7 @@ class BrokerServer:
             )
         configs = {**self._offsets_topic_configs(), "min.insync.replicas": str(min(2, factor))}
         try:
-            await self.create_topic(
+            await self.control_plane.create_topic(
                 OFFSETS_TOPIC,
                 self.config.offsets_topic_num_partitions,
                 configs,
@@ -903,7 +793,7 @@ class BrokerServer:
             )
         except TopicExistsError:  # created meanwhile, by this broker or another
             pass
-        except (MetadataWaitTimeout, InvalidReplicationFactorError, KazooException) as e:
+        except (MetadataWaitTimeout, InvalidReplicationFactorError) as e:
             raise CoordinatorUnavailableError(str(e)) from e
 
     async def prepare_offsets_topic(self) -> None:
@@ -939,54 +829,33 @@ class BrokerServer:
             # Created meanwhile by another request; in a cluster, leaders not elected yet (the
             # partitions answer LEADER_NOT_AVAILABLE and the client asks again).
             with contextlib.suppress(TopicExistsError, MetadataWaitTimeout):
-                await self.create_topic(name, self.config.num_partitions, {}, timeout_ms=AUTO_CREATE_WAIT_MS)
+                await self.control_plane.create_topic(
+                    name, self.config.num_partitions, {}, timeout_ms=AUTO_CREATE_WAIT_MS
+                )
         topic = self.control_plane.image.topic(name)
         if topic is None:
-            if self.cluster is not None:
+            if self.control_plane.replicated:
                 raise LeaderNotAvailableError(f"topic {name} is being created")
             raise KafkaStorageError(f"topic {name} could not be created")
         return topic
 
-    async def _delete_topic(self, name: str) -> TopicState | None:
-        async with self._admin_lock:
-            topic = await self.local_plane.stage_removal(name)
-            if topic is None:
-                return None
-            self.local_plane.apply(name)
-            await self.group_coordinator.on_topic_deleted(name)
-            await self.replica_manager.stop_replicas(topic)
-            await self.local_plane.finish_deletion([topic.topic_id])
-            self.log_manager.held_topics.discard(name)  # a new topic of that name has its own configs
-        log.info("deleted topic", extra={"topic": name})
-        return topic
+    # -- hosting the embedded control plane's changes (LocalControlPlane's Hosting) ----------
 
-    async def _create_partitions(self, name: str, total: int) -> TopicState:
-        async with self._admin_lock:
-            return await self._stage_and_create_logs(self.local_plane.with_partitions(name, total))
-
-    async def _stage_and_create_logs(self, topic: TopicState) -> TopicState:
-        # The metadata first: a crash before the logs exist recreates them at startup.
-        await self.local_plane.stage(topic)
-        try:
-            await self.replica_manager.create_partitions(topic)
-        except BaseException:
-            await self.local_plane.abort(topic.name)
-            raise
-        self.local_plane.apply(topic.name)
+    async def create_replicas(self, topic: TopicState) -> None:
+        await self.replica_manager.create_partitions(topic)
         await self._copy_topic_configs_of(topic)
-        return topic
 
-    async def _set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
-        async with self._admin_lock:
-            topic = self.local_plane.with_configs(name, configs)
-            await self.local_plane.stage(topic)
-            self.local_plane.apply(name)
-            self.replica_manager.update_config(topic)
-            await self._copy_topic_configs_of(topic)
-            if name in self.log_manager.held_topics:
-                self.log_manager.held_topics.discard(name)
-                log.warning(
-                    "an operator set the configs of a rebuilt topic: its retention and compaction resume",
-                    extra={"topic": name, "configs": dict(configs)},
-                )
-        return topic
+    async def delete_replicas(self, topic: TopicState) -> None:
+        await self.group_coordinator.on_topic_deleted(topic.name)
+        await self.replica_manager.stop_replicas(topic)
+        self.log_manager.held_topics.discard(topic.name)  # a new topic of that name has its own configs
+
+    async def configs_changed(self, topic: TopicState) -> None:
+        self.replica_manager.update_config(topic)
+        await self._copy_topic_configs_of(topic)
+        if topic.name in self.log_manager.held_topics:
+            self.log_manager.held_topics.discard(topic.name)
+            log.warning(
+                "an operator set the configs of a rebuilt topic: its retention and compaction resume",
+                extra={"topic": topic.name, "configs": dict(topic.configs)},
+            )

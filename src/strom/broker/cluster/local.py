@@ -26,12 +26,14 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from strom.broker.cluster.metadata import MetadataImage, PartitionState, TopicState
+from strom.broker.cluster.plane import AdminTasks, Outcome, Reassignment
+from strom.protocol.errors import ErrorCode
 from strom.storage import KafkaStorageError
 from strom.storage.checkpoint import write_atomically
 
@@ -97,9 +99,38 @@ def _write_metadata(
     _write_atomically(path, _serialize(topics, next_producer_id_block, deleting))
 
 
+class Hosting(Protocol):
+    """What the embedded control plane asks of the broker that hosts every partition: the file
+    work of a topic change, done after the change is persisted and before clients see it."""
+
+    async def create_replicas(self, topic: TopicState) -> None:
+        """Create the logs of the topic's partitions not hosted yet (raises: nothing changed)."""
+
+    async def delete_replicas(self, topic: TopicState) -> None:
+        """Stop and delete the topic's replicas and forget its groups' offsets."""
+
+    async def configs_changed(self, topic: TopicState) -> None:
+        """Apply the topic's new configs to its logs."""
+
+
 class LocalControlPlane:
-    def __init__(self, log_dirs: list[Path], node_id: int) -> None:
+    """The ControlPlane of a single node: every replica is on this broker, which leads them all.
+
+    Its admin operations run one at a time (Kafka's controller is single-threaded too): each
+    persists the change, has the broker do the file work (``Hosting``, in worker threads) and
+    only then changes what clients see. A failed write raises KafkaStorageError, changing nothing.
+    """
+
+    def __init__(
+        self, log_dirs: list[Path], node_id: int, endpoint: Callable[[], tuple[str, int]] = lambda: ("", 0)
+    ) -> None:
+        """``endpoint``: where clients reach this broker (known once it listens)."""
         self.node_id = node_id
+        self._endpoint = endpoint
+        self._hosting: Hosting | None = None
+        self._admin = AdminTasks()
+        self._admin_lock = asyncio.Lock()
+        self._admin_stopped = False
         self.log_dirs = log_dirs
         # What the metadata file says: the topics clients see.
         self.image = MetadataImage()
@@ -145,6 +176,9 @@ class LocalControlPlane:
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
+
+    def attach(self, hosting: Hosting) -> None:
+        self._hosting = hosting
 
     def _load_or_create_meta_properties(self) -> str:
         """Each log dir records the cluster and node it belongs to, as Kafka's meta.properties does."""
@@ -332,3 +366,131 @@ class LocalControlPlane:
         """Startup after a lost file: never hand out an id that a log already holds state for."""
         floor = (producer_id // block_size + 1) * block_size
         self._next_producer_id_block = max(self._next_producer_id_block, floor)
+
+    # --- the ControlPlane interface -----------------------------------------------------
+
+    @property
+    def replicated(self) -> bool:
+        return False
+
+    @property
+    def controller_id(self) -> int:
+        return self.node_id
+
+    @property
+    def live_broker_ids(self) -> Collection[int]:
+        return (self.node_id,)
+
+    def broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        return self._endpoint() if broker_id == self.node_id else None
+
+    def broker_racks(self) -> dict[int, str | None]:
+        return {self.node_id: None}
+
+    @property
+    def hosting(self) -> Hosting:
+        assert self._hosting is not None, "the broker attaches itself before serving"
+        return self._hosting
+
+    def _refuse_if_stopped(self) -> None:
+        if self._admin_stopped:
+            raise KafkaStorageError("the broker is shutting down")
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        configs: Mapping[str, str],
+        *,
+        replication_factor: int = -1,
+        assignment: Mapping[int, list[int]] | None = None,
+        timeout_ms: int | None = None,
+    ) -> uuid.UUID:
+        """The request's validation bounds ``replication_factor`` and ``assignment`` to this node."""
+        return (await self._admin.run(self._create_topic(name, num_partitions, configs))).topic_id
+
+    async def _create_topic(self, name: str, num_partitions: int, configs: Mapping[str, str]) -> TopicState:
+        async with self._admin_lock:
+            self._refuse_if_stopped()
+            topic = await self._stage_and_create_logs(self.new_topic(name, num_partitions, configs))
+        log.info("created topic", extra={"topic": name, "partitions": num_partitions})
+        return topic
+
+    async def delete_topic(self, name: str, timeout_ms: int | None = None) -> TopicState | None:
+        return await self._admin.run(self._delete_topic(name))
+
+    async def _delete_topic(self, name: str) -> TopicState | None:
+        async with self._admin_lock:
+            self._refuse_if_stopped()
+            topic = await self.stage_removal(name)
+            if topic is None:
+                return None
+            self.apply(name)
+            await self.hosting.delete_replicas(topic)
+            await self.finish_deletion([topic.topic_id])
+        log.info("deleted topic", extra={"topic": name})
+        return topic
+
+    async def create_partitions(
+        self, name: str, total: int, assignment: list[list[int]] | None = None, timeout_ms: int | None = None
+    ) -> None:
+        await self._admin.run(self._create_partitions(name, total))
+
+    async def _create_partitions(self, name: str, total: int) -> TopicState:
+        async with self._admin_lock:
+            self._refuse_if_stopped()
+            return await self._stage_and_create_logs(self.with_partitions(name, total))
+
+    async def _stage_and_create_logs(self, topic: TopicState) -> TopicState:
+        # The metadata first: a crash before the logs exist recreates them at startup.
+        await self.stage(topic)
+        try:
+            await self.hosting.create_replicas(topic)
+        except BaseException:
+            await self.abort(topic.name)
+            raise
+        self.apply(topic.name)
+        return topic
+
+    async def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
+        return await self._admin.run(self._set_topic_configs(name, configs))
+
+    async def _set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
+        async with self._admin_lock:
+            self._refuse_if_stopped()
+            topic = self.with_configs(name, configs)
+            await self.stage(topic)
+            self.apply(name)
+            await self.hosting.configs_changed(topic)
+        return topic
+
+    async def elect_preferred_leaders(
+        self, partitions: list[tuple[str, int]], timeout_s: float
+    ) -> dict[tuple[str, int], Outcome]:
+        """The only replica leads already; a partition that does not (its log dir is offline)
+        cannot get a leader."""
+        refused: Outcome = (
+            ErrorCode.preferred_leader_not_available,
+            "The preferred leader was not available.",
+        )
+        return dict.fromkeys(partitions, refused)
+
+    async def reassignment(self, topic: str, partition: int) -> Reassignment | None:
+        state = self.image.topic(topic)
+        p = next((s for s in state.partitions if s.partition == partition), None) if state else None
+        return Reassignment(list(p.replicas), [], []) if p is not None else None
+
+    async def reassignments(
+        self, wanted: Mapping[str, set[int] | None] | None
+    ) -> list[tuple[str, int, Reassignment]]:
+        return []  # none is ever in progress
+
+    async def reassign(
+        self, targets: list[tuple[str, int, list[int]]], timeout_s: float
+    ) -> dict[tuple[str, int], Outcome]:
+        """A single node's only possible assignment is its own: validated, it holds already."""
+        return {(topic, partition): (ErrorCode.none, None) for topic, partition, _ in targets}
+
+    async def stop_admin(self) -> None:
+        async with self._admin_lock:
+            self._admin_stopped = True

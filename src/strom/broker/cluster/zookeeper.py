@@ -35,15 +35,31 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from kazoo.exceptions import BadVersionError
+from kazoo.exceptions import BadVersionError, KazooException
 
 from strom.broker.cluster.assignment import assign_replicas
-from strom.broker.cluster.local import META_PROPERTIES, TopicExistsError, validate_topic_name
+from strom.broker.cluster.controller.requests import request_preferred_leader_election
+from strom.broker.cluster.local import (
+    META_PROPERTIES,
+    TopicExistsError,
+    legal_topic_name,
+    validate_topic_name,
+)
 from strom.broker.cluster.metadata import MetadataImage, PartitionState, TopicState
+from strom.broker.cluster.plane import (
+    ADMIN_ANSWER_GRACE_S,
+    PREFERRED_NOT_AVAILABLE_MESSAGE,
+    AdminTasks,
+    MetadataWaitTimeout,
+    Outcome,
+    Reassignment,
+    ZooKeeperUnavailableError,
+    admin_timeout_s,
+)
 from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
 from strom.broker.zk.client import (
@@ -57,6 +73,7 @@ from strom.broker.zk.client import (
     Watch,
     ZnodeStat,
 )
+from strom.protocol.errors import ErrorCode
 from strom.storage.checkpoint import write_atomically
 from strom.storage.log_config import InvalidConfigError, LogConfig
 
@@ -69,6 +86,10 @@ RETRY_BACKOFF_MIN_S = 0.2
 RETRY_BACKOFF_MAX_S = 10.0
 # ISR changes written in one multi-op at most (well under ZooKeeper's 1 MiB jute.maxbuffer).
 ISR_CHANGES_PER_WRITE = 500
+# How often an admin request polls for the controller to consume its /admin znode.
+ADMIN_POLL_S = 0.05
+
+T = TypeVar("T")
 
 
 class InconsistentClusterIdError(RuntimeError):
@@ -78,27 +99,6 @@ class InconsistentClusterIdError(RuntimeError):
 
 class UnknownTopicError(KeyError):
     pass
-
-
-class CoordinatorUnavailableError(Exception):
-    """The group coordinator's topic cannot be created or has no leader yet."""
-
-    error_code = 15  # COORDINATOR_NOT_AVAILABLE
-
-
-class LeaderNotAvailableError(Exception):
-    error_code = 5  # LEADER_NOT_AVAILABLE
-
-
-class MetadataWaitTimeout(TimeoutError):
-    """A write to ZooKeeper succeeded but its effect (leaders elected, a topic deleted) did not
-    show within the request's timeout; Kafka answers REQUEST_TIMED_OUT then."""
-
-
-class ZooKeeperUnavailableError(MetadataWaitTimeout):
-    """An admin write met a lost ZooKeeper connection or session (kazoo's ConnectionLoss,
-    SessionExpiredError): whether it was made is unknown. Kafka's request would wait for
-    ZooKeeper and time out; the answer is REQUEST_TIMED_OUT, as for MetadataWaitTimeout."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -142,7 +142,10 @@ class ZkControlPlane:
         log_dirs: list[Path],
         on_topic_changed: Callable[[str], None],
         on_brokers_changed: Callable[[], None],
+        applied: Callable[[str], bool] = lambda name: True,
     ) -> None:
+        """``applied(topic)``: whether this broker has applied the topic's partition states (a
+        created topic is answered once it has)."""
         assert config.zookeeper_connect is not None
         self.config = config
         self.node_id = config.node_id
@@ -155,6 +158,8 @@ class ZkControlPlane:
         self.controller_id = -1
         self._on_topic_changed = on_topic_changed
         self._on_brokers_changed = on_brokers_changed
+        self._applied = applied
+        self._admin = AdminTasks()
         self._zk: AsyncZooKeeper | None = None
         # The last readable topic znode with a topic id, and its creation zxid (a new one: the
         # topic was deleted and created again).
@@ -947,12 +952,47 @@ class ZkControlPlane:
             self.broker_racks(), num_partitions, replication_factor, first_partition=first_partition
         )
 
+    @property
+    def replicated(self) -> bool:
+        return True
+
+    @property
+    def live_broker_ids(self) -> Collection[int]:
+        return self.live_brokers.keys()
+
+    async def _run_admin(self, operation: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Run to its end; answered within the request's timeout (ZooKeeper errors as
+        ZooKeeperUnavailableError: REQUEST_TIMED_OUT, not a closed connection)."""
+        try:
+            return await self._admin.run(operation, timeout_s + ADMIN_ANSWER_GRACE_S)
+        except KazooException as e:
+            raise ZooKeeperUnavailableError(f"ZooKeeper: {e!r}") from e
+
     async def create_topic(
         self,
         name: str,
-        assignment: Mapping[int, list[int]],
+        num_partitions: int,
         configs: Mapping[str, str],
-        timeout_s: float,
+        *,
+        replication_factor: int = -1,
+        assignment: Mapping[int, list[int]] | None = None,
+        timeout_ms: int | None = None,
+    ) -> uuid.UUID:
+        if assignment is None:
+            rf = self.config.default_replication_factor if replication_factor == -1 else replication_factor
+            assignment = self.assignment(num_partitions, rf)
+        timeout_s = admin_timeout_s(timeout_ms)
+        deadline = time.monotonic() + timeout_s
+        topic_id = await self._run_admin(self._create_topic(name, assignment, configs, timeout_s), timeout_s)
+        # As Kafka answers once the topic's leaders are in the handling broker's metadata: here
+        # also once this broker leads the partitions ZooKeeper gives it (so the Metadata it serves
+        # next names them), within what is left of the timeout.
+        if not await self.wait_until(lambda: self._applied(name), deadline - time.monotonic()):
+            raise MetadataWaitTimeout(f"topic {name} was created, but its leaders are not ready yet")
+        return topic_id
+
+    async def _create_topic(
+        self, name: str, assignment: Mapping[int, list[int]], configs: Mapping[str, str], timeout_s: float
     ) -> uuid.UUID:
         """Write the topic's config and assignment in one multi-op, then wait (at most
         ``timeout_s``) until the controller has created every partition's state. Returns the
@@ -987,6 +1027,12 @@ class ZkControlPlane:
         return topic_id
 
     async def create_partitions(
+        self, name: str, total: int, assignment: list[list[int]] | None = None, timeout_ms: int | None = None
+    ) -> None:
+        timeout_s = admin_timeout_s(timeout_ms)
+        await self._run_admin(self._create_partitions(name, total, assignment, timeout_s), timeout_s)
+
+    async def _create_partitions(
         self, name: str, total: int, assignment: list[list[int]] | None, timeout_s: float
     ) -> None:
         """Grow ``name`` to ``total`` partitions (a conditional write of its topic znode; retried
@@ -1022,7 +1068,11 @@ class ZkControlPlane:
         if not await self.wait_until(ready, timeout_s):
             raise MetadataWaitTimeout(f"partitions of {name} were created, but they have no leaders yet")
 
-    async def delete_topic(self, name: str, timeout_s: float) -> TopicState | None:
+    async def delete_topic(self, name: str, timeout_ms: int | None = None) -> TopicState | None:
+        timeout_s = admin_timeout_s(timeout_ms)
+        return await self._run_admin(self._delete_topic(name, timeout_s), timeout_s)
+
+    async def _delete_topic(self, name: str, timeout_s: float) -> TopicState | None:
         """Ask the controller to delete ``name`` (/admin/delete_topics/T) and wait until it is gone.
         Returns the topic as it was, or None if it did not exist."""
         topic = self.image.topic(name)
@@ -1039,7 +1089,11 @@ class ZkControlPlane:
             raise MetadataWaitTimeout(f"topic {name} is marked for deletion but not yet deleted")
         return topic
 
-    async def set_topic_configs(self, name: str, configs: Mapping[str, str], timeout_s: float) -> TopicState:
+    async def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicState:
+        timeout_s = admin_timeout_s(None)
+        return await self._run_admin(self._set_topic_configs(name, configs, timeout_s), timeout_s)
+
+    async def _set_topic_configs(self, name: str, configs: Mapping[str, str], timeout_s: float) -> TopicState:
         """Replace ``name``'s config overrides and notify every broker (/config/changes)."""
         if name not in self._topics:
             raise UnknownTopicError(name)
@@ -1066,9 +1120,174 @@ class ZkControlPlane:
             raise UnknownTopicError(name)
         return topic
 
+    async def elect_preferred_leaders(
+        self, partitions: list[tuple[str, int]], timeout_s: float
+    ) -> dict[tuple[str, int], Outcome]:
+        """Write /admin/preferred_replica_election, wait for the controller to consume it (it
+        writes the states, then deletes the request: once it is gone, they are final) and answer
+        from the partition states then read in ZooKeeper."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        timed_out: Outcome = (
+            ErrorCode.request_timed_out,
+            f"The controller did not elect the preferred leaders within {int(timeout_s * 1000)} ms",
+        )
+        try:
+            await request_preferred_leader_election(self.zk, partitions, timeout_s)
+            while await self.zk.exists(znodes.PREFERRED_REPLICA_ELECTION) is not None:
+                if loop.time() >= deadline:
+                    return dict.fromkeys(partitions, timed_out)
+                await asyncio.sleep(ADMIN_POLL_S)
+            outcomes: dict[tuple[str, int], Outcome] = {}
+            for topic, partition in partitions:
+                got = await self.zk.get_or_none(znodes.partition_state_path(topic, partition))
+                state = self.image.topic(topic)
+                replicas = (
+                    next((p.replicas for p in state.partitions if p.partition == partition), [])
+                    if state
+                    else []
+                )
+                if got is not None and replicas and znodes.LeaderAndIsr.decode(got[0]).leader == replicas[0]:
+                    outcomes[(topic, partition)] = (ErrorCode.none, None)
+                else:
+                    outcomes[(topic, partition)] = (
+                        ErrorCode.preferred_leader_not_available,
+                        PREFERRED_NOT_AVAILABLE_MESSAGE,
+                    )
+            return outcomes
+        except TimeoutError:
+            return dict.fromkeys(partitions, timed_out)
+        except KazooException as e:
+            return dict.fromkeys(partitions, (ErrorCode.request_timed_out, f"ZooKeeper: {e!r}"))
+
+    async def _topic_znode(self, topic: str) -> znodes.TopicZNode | None:
+        got = await self.zk.get_or_none(znodes.topic_path(topic))
+        return znodes.TopicZNode.decode(got[0]) if got is not None else None
+
+    async def reassignment(self, topic: str, partition: int) -> Reassignment | None:
+        state = self.image.topic(topic)
+        p = next((s for s in state.partitions if s.partition == partition), None) if state else None
+        if p is None:
+            return None
+        try:
+            znode = await self._topic_znode(topic)
+        except KazooException as e:
+            raise ZooKeeperUnavailableError(f"ZooKeeper: {e!r}") from e
+        if znode is None:
+            return Reassignment(list(p.replicas), [], [])
+        return Reassignment(
+            znode.partitions.get(partition, p.replicas),
+            znode.adding_replicas.get(partition, []),
+            znode.removing_replicas.get(partition, []),
+        )
+
+    async def reassignments(
+        self, wanted: Mapping[str, set[int] | None] | None
+    ) -> list[tuple[str, int, Reassignment]]:
+        """Read from the topic znodes' adding/removing fields."""
+        found: list[tuple[str, int, Reassignment]] = []
+        try:
+            if wanted is None:
+                wanted = dict.fromkeys(sorted(await self.zk.get_children(znodes.TOPICS)))
+            for name, partitions in wanted.items():
+                if not legal_topic_name(name):
+                    continue  # never joined into a znode path: ".." would read /brokers
+                znode = await self._topic_znode(name)
+                if znode is None:
+                    continue  # as Kafka: an unknown topic is simply not being reassigned
+                for p in sorted(set(znode.adding_replicas) | set(znode.removing_replicas)):
+                    if partitions is None or p in partitions:
+                        found.append(
+                            (
+                                name,
+                                p,
+                                Reassignment(
+                                    znode.partitions.get(p, []),
+                                    znode.adding_replicas.get(p, []),
+                                    znode.removing_replicas.get(p, []),
+                                ),
+                            )
+                        )
+        except KazooException as e:
+            raise ZooKeeperUnavailableError(f"ZooKeeper: {e!r}") from e
+        return found
+
+    async def reassign(
+        self, targets: list[tuple[str, int, list[int]]], timeout_s: float
+    ) -> dict[tuple[str, int], Outcome]:
+        """Write /admin/reassign_partitions (after any earlier request is consumed), wait for the
+        controller to take it (it starts KIP-455's adding/removing replicas in the topic znodes and
+        deletes the request), then answer each partition by what its topic znode says (the
+        controller skips a partition it cannot reassign, e.g. of a topic deleted meanwhile)."""
+        requests = [znodes.PartitionReplicas(t, p, r) for t, p, r in targets]
+        submitted = await self._submit_reassignment(requests, timeout_s)
+        if submitted[0] != ErrorCode.none:
+            return {(r.topic, r.partition): submitted for r in requests}
+        return {(r.topic, r.partition): await self._reassignment_started(r) for r in requests}
+
+    async def _submit_reassignment(
+        self, requests: list[znodes.PartitionReplicas], timeout_s: float
+    ) -> Outcome:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        timed_out: Outcome = (
+            ErrorCode.request_timed_out,
+            f"The controller did not start the reassignment within {int(timeout_s * 1000)} ms",
+        )
+        data = znodes.encode_reassignment(requests)
+        try:
+            while True:
+                try:
+                    await self.zk.create(znodes.REASSIGN_PARTITIONS, data, makepath=True)
+                    break
+                except NodeExistsError:
+                    if loop.time() >= deadline:
+                        return timed_out
+                    await asyncio.sleep(ADMIN_POLL_S)
+            while await self.zk.exists(znodes.REASSIGN_PARTITIONS) is not None:
+                if loop.time() >= deadline:
+                    return timed_out
+                await asyncio.sleep(ADMIN_POLL_S)
+        except KazooException as e:
+            return ErrorCode.request_timed_out, f"ZooKeeper: {e!r}"
+        return ErrorCode.none, None
+
+    async def _reassignment_started(self, request: znodes.PartitionReplicas) -> Outcome:
+        """Started (or done) when the topic znode's target replicas are the ones asked for."""
+        try:
+            znode = await self._topic_znode(request.topic)
+        except KazooException as e:
+            return ErrorCode.request_timed_out, f"ZooKeeper: {e!r}"
+        except znodes.MALFORMED:
+            znode = None
+        current = znode.partitions.get(request.partition) if znode is not None else None
+        if znode is None or current is None:
+            return (
+                ErrorCode.unknown_topic_or_partition,
+                f"Unable to find partition {request.topic}:{request.partition}.",
+            )
+        removing = znode.removing_replicas.get(request.partition, [])
+        if [b for b in current if b not in removing] == request.replicas:
+            return ErrorCode.none, None
+        return (
+            ErrorCode.unknown_server_error,
+            f"The controller did not start the reassignment of {request.topic}:{request.partition} "
+            f"to {request.replicas}; its replicas are {current}",
+        )
+
+    async def stop_admin(self) -> None:
+        """Nothing to wait for: a cluster's admin operations change ZooKeeper, not local logs."""
+
     async def allocate_producer_id_block(self, size: int = znodes.PRODUCER_ID_BLOCK_SIZE) -> range:
         """The next block of producer ids, unique across the cluster: a conditional update of
-        /latest_producer_id_block, retried when another broker took a block meanwhile."""
+        /latest_producer_id_block, retried when another broker took a block meanwhile.
+        ZooKeeperUnavailableError when ZooKeeper cannot be reached."""
+        try:
+            return await self._allocate_producer_id_block(size)
+        except KazooException as e:
+            raise ZooKeeperUnavailableError(f"ZooKeeper: {e!r}") from e
+
+    async def _allocate_producer_id_block(self, size: int) -> range:
         while True:
             data, stat = await self.zk.get(znodes.LATEST_PRODUCER_ID_BLOCK)
             if data:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from strom.broker.dispatcher import Handler
 from strom.broker.handlers.api_versions import handle_api_versions
-from strom.broker.handlers.cluster import handle_describe_cluster
 from strom.broker.handlers.configs import (
     handle_alter_configs,
     handle_describe_configs,
@@ -12,6 +11,7 @@ from strom.broker.handlers.configs import (
 )
 from strom.broker.handlers.coordinator import handle_find_coordinator
 from strom.broker.handlers.delete_records import handle_delete_records
+from strom.broker.handlers.describe_cluster import handle_describe_cluster
 from strom.broker.handlers.describe_topic_partitions import handle_describe_topic_partitions
 from strom.broker.handlers.elect_leaders import handle_elect_leaders
 from strom.broker.handlers.fetch import handle_fetch

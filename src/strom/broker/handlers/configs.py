@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from strom.broker.cluster.zookeeper import ZooKeeperUnavailableError
+from strom.broker.cluster.plane import ZooKeeperUnavailableError
 from strom.broker.config import BROKER_CONFIGS
 from strom.broker.dispatcher import RequestContext
 from strom.broker.dynamic_config import DynamicConfigRefused
@@ -129,7 +129,7 @@ async def _apply_topic_configs(
         raise ConfigRequestError(ErrorCode.invalid_config, str(exc)) from exc
     if not validate_only:
         try:
-            await broker.set_topic_configs(name, configs)
+            await broker.control_plane.set_topic_configs(name, configs)
         except KeyError as exc:  # deleted meanwhile
             raise ConfigRequestError(
                 ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist"

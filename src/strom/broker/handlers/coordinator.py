@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strom.broker.cluster.zookeeper import CoordinatorUnavailableError
+from strom.broker.cluster.plane import CoordinatorUnavailableError
 from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, partition_for
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
@@ -31,15 +31,15 @@ def _not_available(message: str | None) -> Lookup:
 
 def _group_coordinator(ctx: RequestContext, key: str) -> Lookup:
     broker = ctx.broker
-    cluster = broker.cluster
-    if cluster is None:
+    plane = broker.control_plane
+    if not plane.replicated:
         host, port = broker.advertised_endpoint()
         return ErrorCode.none, None, broker.node_id, host, port
-    topic = cluster.image.topic(OFFSETS_TOPIC)
+    topic = plane.image.topic(OFFSETS_TOPIC)
     if topic is None or not topic.partitions:
         return _not_available("The coordinator is not available.")
     leader = topic.partitions[partition_for(key, len(topic.partitions))].leader
-    endpoint = cluster.broker_endpoint(leader) if leader >= 0 else None
+    endpoint = plane.broker_endpoint(leader) if leader >= 0 else None
     if endpoint is None:
         return _not_available("The coordinator is not available.")
     return ErrorCode.none, None, leader, endpoint[0], endpoint[1]

@@ -32,7 +32,7 @@ def _topic(ctx: RequestContext, topic: TopicState, start: int, limit: int) -> tu
     taken, rest = wanted[:limit], wanted[limit:]
     partitions = []
     for p in taken:
-        view = partition_view(ctx.broker.replica_manager, ctx.broker.cluster, topic.name, p)
+        view = partition_view(ctx.broker.replica_manager, ctx.broker.control_plane, topic.name, p)
         partitions.append(
             build(
                 r.DescribeTopicPartitionsResponsePartition,

@@ -1,11 +1,9 @@
 """ElectLeaders (43): move leadership back to each partition's preferred replica.
 
-Any broker answers (Kafka forwards to its controller; here every broker writes ZooKeeper). The
-broker decides from its metadata image what needs no election (ELECTION_NOT_NEEDED), what cannot
-have one (PREFERRED_LEADER_NOT_AVAILABLE: the preferred replica is not live or not in the ISR) and
-what is unknown, writes the rest to /admin/preferred_replica_election for the controller, waits
-for the controller to consume it (within the request's timeout), and answers from the partition
-states it then reads in ZooKeeper. With null partitions every partition is elected and, as Kafka,
+Any broker answers (Kafka forwards to its controller). The broker decides from its metadata image
+what needs no election (ELECTION_NOT_NEEDED), what cannot have one (PREFERRED_LEADER_NOT_AVAILABLE:
+the preferred replica is not live or not in the ISR) and what is unknown, and has the control
+plane elect the rest (within the request's timeout; ZkControlPlane.elect_preferred_leaders). With null partitions every partition is elected and, as Kafka,
 those that needed no election are left out of the answer.
 
 UNCLEAN elections: a partition with a leader needs none (ELECTION_NOT_NEEDED, as Kafka); Strom's
@@ -15,15 +13,11 @@ leaderless partition answers INVALID_REQUEST.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from kazoo.exceptions import KazooException
-
-from strom.broker.cluster.controller import request_preferred_leader_election
+from strom.broker.cluster.plane import PREFERRED_NOT_AVAILABLE_MESSAGE, Outcome
 from strom.broker.dispatcher import RequestContext
 from strom.broker.handlers.partition_view import partition_view
-from strom.broker.zk import znodes
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import ZERO_THROTTLE, build, to_ms
 
@@ -31,13 +25,9 @@ PREFERRED = 0
 UNCLEAN = 1
 
 ELECTION_NOT_NEEDED_MESSAGE = "Leader election not needed for topic partition."
-PREFERRED_NOT_AVAILABLE_MESSAGE = "The preferred leader was not available."
 UNCLEAN_REFUSED_MESSAGE = (
     "Strom elects an unclean leader only under the topic's unclean.leader.election.enable"
 )
-_POLL_S = 0.05
-
-Outcome = tuple[ErrorCode, str | None]
 
 
 def _decide(ctx: RequestContext, topic: str, partition: int, election_type: int) -> Outcome | None:
@@ -49,9 +39,9 @@ def _decide(ctx: RequestContext, topic: str, partition: int, election_type: int)
     p = next((s for s in state.partitions if s.partition == partition), None)
     if p is None:
         return ErrorCode.unknown_topic_or_partition, f"No such partition as {topic}-{partition}"
-    cluster = ctx.broker.cluster
-    live = {ctx.broker.node_id} if cluster is None else set(cluster.live_brokers)
-    leader = partition_view(ctx.broker.replica_manager, cluster, topic, p).leader
+    plane = ctx.broker.control_plane
+    live = set(plane.live_broker_ids)
+    leader = partition_view(ctx.broker.replica_manager, plane, topic, p).leader
     has_leader = leader >= 0 and leader in live
     if election_type == UNCLEAN:
         if has_leader:
@@ -62,50 +52,9 @@ def _decide(ctx: RequestContext, topic: str, partition: int, election_type: int)
     preferred = p.replicas[0]
     if has_leader and leader == preferred:
         return ErrorCode.election_not_needed, ELECTION_NOT_NEEDED_MESSAGE
-    if preferred not in live or preferred not in p.isr or cluster is None:
+    if preferred not in live or preferred not in p.isr:
         return ErrorCode.preferred_leader_not_available, PREFERRED_NOT_AVAILABLE_MESSAGE
     return None
-
-
-async def _elect(
-    ctx: RequestContext, partitions: list[tuple[str, int]], timeout_s: float
-) -> dict[Any, Outcome]:
-    """Have the controller elect the preferred leaders of ``partitions``; the outcome of each."""
-    cluster = ctx.broker.cluster
-    assert cluster is not None
-    zk = cluster.zk
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    timed_out: Outcome = (
-        ErrorCode.request_timed_out,
-        f"The controller did not elect the preferred leaders within {int(timeout_s * 1000)} ms",
-    )
-    try:
-        await request_preferred_leader_election(zk, partitions, timeout_s)
-        # The controller writes the states, then deletes the request: once it is gone, they are final.
-        while await zk.exists(znodes.PREFERRED_REPLICA_ELECTION) is not None:
-            if loop.time() >= deadline:
-                return dict.fromkeys(partitions, timed_out)
-            await asyncio.sleep(_POLL_S)
-        outcomes: dict[Any, Outcome] = {}
-        for topic, partition in partitions:
-            got = await zk.get_or_none(znodes.partition_state_path(topic, partition))
-            state = cluster.image.topic(topic)
-            replicas = (
-                next((p.replicas for p in state.partitions if p.partition == partition), []) if state else []
-            )
-            if got is not None and replicas and znodes.LeaderAndIsr.decode(got[0]).leader == replicas[0]:
-                outcomes[(topic, partition)] = (ErrorCode.none, None)
-            else:
-                outcomes[(topic, partition)] = (
-                    ErrorCode.preferred_leader_not_available,
-                    PREFERRED_NOT_AVAILABLE_MESSAGE,
-                )
-        return outcomes
-    except TimeoutError:
-        return dict.fromkeys(partitions, timed_out)
-    except KazooException as e:
-        return dict.fromkeys(partitions, (ErrorCode.request_timed_out, f"ZooKeeper: {e!r}"))
 
 
 def _all_partitions(ctx: RequestContext) -> list[tuple[str, int]]:
@@ -138,7 +87,11 @@ async def handle_elect_leaders(ctx: RequestContext, request: Any) -> Any:
         else:
             outcomes[(topic, partition)] = decided
     if to_elect:
-        outcomes.update(await _elect(ctx, to_elect, max(0.0, to_ms(request.timeout) / 1000)))
+        outcomes.update(
+            await ctx.broker.control_plane.elect_preferred_leaders(
+                to_elect, max(0.0, to_ms(request.timeout) / 1000)
+            )
+        )
     by_topic: dict[str, list[Any]] = {}
     for (topic, partition), (error, message) in outcomes.items():
         if every and error == ErrorCode.election_not_needed:

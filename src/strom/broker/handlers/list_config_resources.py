@@ -22,8 +22,7 @@ SUPPORTED_TYPES = (GROUP, CLIENT_METRICS, BROKER_LOGGER, BROKER, TOPIC)
 
 def live_broker_ids(ctx: RequestContext) -> list[int]:
     """The brokers a client can address: the registered ones in a cluster, else this node."""
-    cluster = ctx.broker.cluster
-    return list(cluster.live_brokers) if cluster is not None else [ctx.broker.node_id]
+    return list(ctx.broker.control_plane.live_broker_ids)
 
 
 def _names(ctx: RequestContext, resource_type: int) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 from strom.broker.cluster.assignment import InvalidReplicationFactorError
 from strom.broker.cluster.local import InvalidTopicError, validate_topic_name
 from strom.broker.cluster.metadata import PartitionState, TopicState
-from strom.broker.cluster.zookeeper import LeaderNotAvailableError
+from strom.broker.cluster.plane import LeaderNotAvailableError
 from strom.broker.dispatcher import RequestContext
 from strom.broker.handlers.partition_view import partition_view
 from strom.broker.handlers.topics import MAX_PARTITIONS_PER_REQUEST
@@ -22,21 +22,17 @@ from strom.storage import StorageError
 def live_brokers(ctx: RequestContext) -> list[tuple[int, str, int, str | None]]:
     """(id, host, port, rack) of every live broker: this one alone on a single node, every
     registration in ZooKeeper in a cluster."""
-    cluster = ctx.broker.cluster
-    if cluster is None:
-        host, port = ctx.broker.advertised_endpoint()
-        return [(ctx.broker.node_id, host, port, None)]
+    plane = ctx.broker.control_plane
     brokers = []
-    for broker_id, registration in sorted(cluster.live_brokers.items()):
-        endpoint = registration.endpoint()
+    for broker_id, rack in sorted(plane.broker_racks().items()):
+        endpoint = plane.broker_endpoint(broker_id)
         if endpoint is not None:
-            brokers.append((broker_id, endpoint[0], endpoint[1], registration.rack))
+            brokers.append((broker_id, endpoint[0], endpoint[1], rack))
     return brokers
 
 
 def controller_id(ctx: RequestContext) -> int:
-    cluster = ctx.broker.cluster
-    return ctx.broker.node_id if cluster is None else cluster.controller_id
+    return ctx.broker.control_plane.controller_id
 
 
 def broker_entities(ctx: RequestContext, entity_type: type[Any]) -> tuple[Any, ...]:
@@ -47,7 +43,7 @@ def broker_entities(ctx: RequestContext, entity_type: type[Any]) -> tuple[Any, .
 
 
 def _partition_entity(ctx: RequestContext, topic: str, p: PartitionState) -> Any:
-    view = partition_view(ctx.broker.replica_manager, ctx.broker.cluster, topic, p)
+    view = partition_view(ctx.broker.replica_manager, ctx.broker.control_plane, topic, p)
     return build(
         ctx.response.MetadataResponsePartition,
         error_code=view.error,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strom.broker.cluster.metadata import PartitionState
-from strom.broker.cluster.zookeeper import ZkControlPlane
+from strom.broker.cluster.plane import ControlPlane
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
 from strom.protocol.errors import ErrorCode
@@ -27,14 +27,14 @@ class PartitionView:
 
 
 def partition_view(
-    replica_manager: ReplicaManager, cluster: ZkControlPlane | None, topic: str, p: PartitionState
+    replica_manager: ReplicaManager, plane: ControlPlane, topic: str, p: PartitionState
 ) -> PartitionView:
     tp = TopicPartition(topic, p.partition)
-    if cluster is None:
+    if not plane.replicated:
         if replica_manager.is_offline(tp):
             return PartitionView(ErrorCode.leader_not_available, -1, tuple(p.replicas))
         return PartitionView(ErrorCode.none, p.leader, ())
-    live = cluster.live_brokers
+    live = plane.live_broker_ids
     offline_replicas = tuple(b for b in p.replicas if b not in live)
     leader = p.leader if p.leader in live else -1
     if leader == replica_manager.node_id:

@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kazoo.exceptions import KazooException
-
+from strom.broker.cluster.plane import ZooKeeperUnavailableError
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
@@ -38,7 +37,7 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
         )
     try:
         producer_id = await ctx.broker.producer_ids.generate()
-    except (KafkaStorageError, KazooException) as exc:
+    except (KafkaStorageError, ZooKeeperUnavailableError) as exc:
         # No new block of ids could be made durable (a full disk, ZooKeeper unreachable): Kafka answers
         # a retriable COORDINATOR_LOAD_IN_PROGRESS while its producer id manager has no block, and so do we.
         log.error("cannot allocate producer ids", extra={"error": str(exc)})

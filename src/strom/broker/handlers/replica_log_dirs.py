@@ -30,7 +30,7 @@ from strom.storage import StorageError
 from strom.storage.future_log import FutureLog
 
 if TYPE_CHECKING:
-    from strom.broker.server import BrokerServer
+    from strom.broker.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ LAST_ROUND_BYTES = 4 << 20
 MAX_ROUNDS = 20
 
 
-def _alter(broker: BrokerServer, tp: TopicPartition, path: str) -> ErrorCode:
+def _alter(broker: Broker, tp: TopicPartition, path: str) -> ErrorCode:
     log_manager = broker.log_manager
     target = next((d for d in log_manager.log_dirs if os.path.abspath(d) == os.path.abspath(path)), None)
     if target is None:
@@ -63,7 +63,7 @@ def _alter(broker: BrokerServer, tp: TopicPartition, path: str) -> ErrorCode:
     return ErrorCode.none
 
 
-def _still_wanted(broker: BrokerServer, key: tuple[str, int], future: FutureLog) -> bool:
+def _still_wanted(broker: Broker, key: tuple[str, int], future: FutureLog) -> bool:
     """The move was not cancelled and its log is still the partition's (not deleted, not moved)."""
     return (
         not future.cancelled
@@ -74,7 +74,7 @@ def _still_wanted(broker: BrokerServer, key: tuple[str, int], future: FutureLog)
     )
 
 
-async def _move(broker: BrokerServer, key: tuple[str, int], future: FutureLog) -> None:
+async def _move(broker: Broker, key: tuple[str, int], future: FutureLog) -> None:
     loop = asyncio.get_running_loop()
     log_manager = broker.log_manager
     try:
@@ -99,7 +99,7 @@ async def _move(broker: BrokerServer, key: tuple[str, int], future: FutureLog) -
             await loop.run_in_executor(None, lambda: shutil.rmtree(retired, ignore_errors=True))
 
 
-def _complete(broker: BrokerServer, key: tuple[str, int], future: FutureLog) -> None:
+def _complete(broker: Broker, key: tuple[str, int], future: FutureLog) -> None:
     """The last round, synchronous on the event loop: no request touches the log meanwhile."""
     old = future.source
     old.close()
@@ -115,7 +115,7 @@ def _complete(broker: BrokerServer, key: tuple[str, int], future: FutureLog) -> 
     _serve(broker, key, broker.log_manager.replace_log(old, new_dir))
 
 
-def _serve(broker: BrokerServer, key: tuple[str, int], new: Any) -> None:
+def _serve(broker: Broker, key: tuple[str, int], new: Any) -> None:
     partition = broker.replica_manager.partition_of(*key)
     if partition is not None and new is not None:
         partition.log = new

@@ -15,7 +15,7 @@ from typing import Any
 
 from strom.broker.cluster.assignment import InvalidReplicationFactorError
 from strom.broker.cluster.local import InvalidTopicError, TopicExistsError, validate_topic_name
-from strom.broker.cluster.zookeeper import MetadataWaitTimeout
+from strom.broker.cluster.plane import MetadataWaitTimeout
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import ZERO_UUID, build
@@ -38,8 +38,7 @@ def _timeout_ms(request: Any) -> int:
 
 
 def _registered_brokers(ctx: RequestContext) -> set[int]:
-    cluster = ctx.broker.cluster
-    return {ctx.broker.node_id} if cluster is None else set(cluster.live_brokers)
+    return set(ctx.broker.control_plane.live_broker_ids)
 
 
 def _check_assignments(
@@ -93,14 +92,14 @@ def _check_partition_indexes(indexes: list[int]) -> None:
 
 
 def _check_replication_factor(ctx: RequestContext, replication_factor: int) -> None:
-    cluster = ctx.broker.cluster
-    if cluster is not None:
-        if replication_factor > len(cluster.live_brokers):
+    plane = ctx.broker.control_plane
+    if plane.replicated:
+        if replication_factor > len(plane.live_broker_ids):
             # Kafka's AdminUtils message (ZooKeeper mode).
             raise TopicRequestError(
                 ErrorCode.invalid_replication_factor,
                 f"Replication factor: {replication_factor} larger than available brokers: "
-                f"{len(cluster.live_brokers)}.",
+                f"{len(plane.live_broker_ids)}.",
             )
     elif replication_factor > 1:
         # One registered broker: a replica set can have at most one member.
@@ -182,7 +181,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
             topic_id = ZERO_UUID
             if not request.validate_only:
                 try:
-                    topic_id = await broker.create_topic(
+                    topic_id = await broker.control_plane.create_topic(
                         topic.name,
                         num_partitions,
                         configs,
@@ -269,7 +268,9 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
             )
         else:
             try:
-                if await broker.delete_topic(topic.name, _timeout_ms(request)) is None:  # deleted meanwhile
+                if (
+                    await broker.control_plane.delete_topic(topic.name, _timeout_ms(request)) is None
+                ):  # deleted meanwhile
                     error = ErrorCode.unknown_topic_or_partition
             except KafkaStorageError as exc:
                 error, message = ErrorCode.kafka_storage_error, str(exc)
@@ -335,11 +336,11 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
                 _check_assignments(
                     ctx, [tuple(a.broker_ids) for a in topic.assignments], len(current.partitions[0].replicas)
                 )
-            elif broker.cluster is not None:
+            elif broker.control_plane.replicated:
                 _check_replication_factor(ctx, len(current.partitions[0].replicas))
             if not request.validate_only:
                 try:
-                    await broker.create_partitions(
+                    await broker.control_plane.create_partitions(
                         topic.name,
                         topic.count,
                         [list(a.broker_ids) for a in topic.assignments]
