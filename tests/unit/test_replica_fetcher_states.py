@@ -1,6 +1,6 @@
 """The replica fetcher's per-partition states against a fake LeaderEndPoint, in process.
 
-The leader is a real Partition over a real Log in a temporary directory; the fake endpoint answers
+The leader is a real Partition over a real UnifiedLog in a temporary directory; the fake endpoint answers
 Fetch, OffsetForLeaderEpoch and ListOffsets from it as a leader broker would (whole batches from
 the fetch offset, KIP-320 diverging epochs, OFFSET_OUT_OF_RANGE outside its log). The follower is
 a real Partition too. tests/integration/test_replica_fetcher_lifecycle.py runs real brokers."""
@@ -26,7 +26,7 @@ from strom.broker.replica_fetcher import (
 )
 from strom.protocol.errors import ErrorCode
 from strom.records import batch as rb
-from strom.storage import Log, LogConfig
+from strom.storage import LogConfig, UnifiedLog
 from unit.storage.storage_batches import make_batch
 
 TP = TopicPartition("t", 0)
@@ -149,7 +149,7 @@ def open_partition(
 ) -> Partition:
     """A partition whose log holds ``history``: (leader epoch, records) batches, appended as a
     leader of those epochs would (so the epoch cache starts each epoch at its first batch)."""
-    log_ = Log.open(path / f"{tp.topic}-{tp.partition}-{local_id}", LogConfig())
+    log_ = UnifiedLog.open(path / f"{tp.topic}-{tp.partition}-{local_id}", LogConfig())
     for epoch, count in history:
         log_.append_as_leader(make_batch(count), epoch)
     partition = Partition(tp, log_, -1, [], local_id=local_id, replicated=True, high_watermark=0)
