@@ -1,6 +1,6 @@
 """Controller benchmark: the controller's share of the cluster's big events, against a real ZooKeeper.
 
-Two controller processes (``strom.broker.cluster.controller.Controller`` on ZooKeeper, nothing else
+Two controller processes (``strom.broker.control_plane.controller.Controller`` on ZooKeeper, nothing else
 of a broker) and three brokers played by ZooKeeper sessions that hold /brokers/ids/N (this script
 also plays the partition leaders where a duty waits for one). With ``--partitions`` N, RF 3:
 
@@ -45,7 +45,7 @@ from strom.cli.local_cluster import ZooKeeperServer
 CONTROLLER_MAIN = textwrap.dedent(
     """
     import asyncio, logging, sys
-    from strom.broker.cluster.controller import Controller
+    from strom.broker.control_plane.controller import Controller
     from strom.broker.config import KafkaConfig
     from strom.broker.zk.client import AsyncZooKeeper
 
@@ -265,7 +265,7 @@ class Bench:
         return (self.zk.get(path)[1].mtime - elected.ctime) / 1000
 
     async def _controlled_shutdown(self, broker_id: int) -> float:
-        from strom.broker.cluster.controller import request_controlled_shutdown
+        from strom.broker.control_plane.controller import request_controlled_shutdown
 
         zk = AsyncZooKeeper(self.zk_server.connect, 10000, 10000)
         await zk.start()

@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from strom.broker.cluster.metadata import PartitionState, TopicState
+from strom.broker.control_plane.metadata import PartitionState, TopicState
 from strom.broker.coordinator import group_metadata_manager as gmm
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from strom.broker.coordinator.records import OffsetCommitKey, OffsetCommitValue

@@ -53,18 +53,18 @@ from benchlib import OUT, REPO, BenchError, Broker, Throughput, fmt, log, percen
 from broker_bench import rel, top_self_time
 from cluster_bench import LATENCY_PRODUCER_CONFIG, run_producers, thread_shares, top_total_time
 
-# The cluster of the cluster tests (tests/cluster.py): per-broker kill, restart, ZooKeeper's view.
+# The cluster of the cluster tests (tests/cluster_harness.py): per-broker kill, restart, ZooKeeper's view.
 sys.path.insert(0, str(REPO / "tests"))
 from kio.schema.elect_leaders.v2 import request as elect_leaders2
 
-from cluster import Cluster, ClusterMetadata
+from cluster_harness import Cluster, ClusterMetadata
 from kafka_wire import KafkaWire
 
 SECTION = "scale-bench"
 SIZE = 1024
 # Kafka's defaults where they matter here, except a shorter ZooKeeper session so that a failure is
 # detected within the run (failover is timed from the session's expiry, so its length does not
-# change the result). The rest of tests/cluster.py's CLUSTER_TEST_CONFIG stays (RF 3 internal
+# change the result). The rest of tests/cluster_harness.py's CLUSTER_TEST_CONFIG stays (RF 3 internal
 # topics, min.insync.replicas 2, no automatic leader rebalance: the run moves leaders itself).
 BENCH_CONFIG = {
     "min.insync.replicas": "2",

@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer
 from confluent_kafka import Producer as CKProducer
 from confluent_kafka import TopicPartition as CKPartition
 
-from cluster import Cluster, ClusterError
+from cluster_harness import Cluster, ClusterError
 from strom.client import Producer as StromProducer
 
 ProducerClient = Literal["confluent", "kafka-python", "strom"]

@@ -1,4 +1,4 @@
-"""One cluster per test module (tests/cluster.py): ZooKeeper and three brokers on 127.0.0.11-13.
+"""One cluster per test module (tests/cluster_harness.py): ZooKeeper and three brokers on 127.0.0.11-13.
 
 A module shapes its cluster with ``CLUSTER = {...}`` (keyword arguments of ``Cluster``, e.g.
 ``{"brokers": 3, "overrides": {...}, "zookeeper_proxies": True}``). Tests take ``cluster``, which
@@ -13,7 +13,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from strom.cli.local_cluster import java_available
 
 

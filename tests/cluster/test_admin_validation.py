@@ -13,7 +13,7 @@ from kio.schema.delete_topics.v6 import request as delete_topics6
 from kio.schema.errors import ErrorCode
 from kio.schema.list_partition_reassignments.v0 import request as list_reassignments0
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from kafka_wire import REQUEST_TIMEOUT, ZERO_UUID, GroupWire, KafkaWire, kio_request
 
 CLUSTER = {

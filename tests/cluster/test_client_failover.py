@@ -1,4 +1,4 @@
-"""Strom's own client across a leader failover, on a real cluster (tests/cluster.py).
+"""Strom's own client across a leader failover, on a real cluster (tests/cluster_harness.py).
 
 An idempotent ``acks=all`` producer and a consumer run while the leader of the partition is
 killed: every acknowledged record is consumed once, in order, and leader epochs only grow.
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from cluster import RECOVERY_TIMEOUT, Cluster
+from cluster_harness import RECOVERY_TIMEOUT, Cluster
 from strom.client import Consumer, OffsetAndMetadata, Producer, TopicPartition
 from strom.client.consumer import LogTruncationError
 

@@ -1,4 +1,4 @@
-"""The cluster fixture itself (tests/cluster.py): processes, addresses, faults and teardown.
+"""The cluster fixture itself (tests/cluster_harness.py): processes, addresses, faults and teardown.
 
 These hold whether or not the brokers form a cluster; the end-to-end modules beside this one
 test the cluster.
@@ -17,7 +17,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from brokerproc import BrokerProcess
-from cluster import CHROOT, Cluster, ClusterError
+from cluster_harness import CHROOT, Cluster, ClusterError
 from cluster_workload import (
     PRODUCER_CLIENTS,
     KeyedProducer,

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from cluster import Cluster
+from cluster_harness import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from strom.broker.cluster.controller import (
+from strom.broker.config import KafkaConfig
+from strom.broker.control_plane.controller import (
     ControlledShutdownReport,
     Controller,
     request_controlled_shutdown,
     request_preferred_leader_election,
 )
-from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
 from strom.broker.zk.client import READS_PER_REQUEST, AsyncZooKeeper, Create
 from zkserver import ZooKeeperServer, java_available

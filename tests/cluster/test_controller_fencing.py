@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cluster import RECOVERY_TIMEOUT, Cluster
+from cluster_harness import RECOVERY_TIMEOUT, Cluster
 
 pytestmark = pytest.mark.cluster
 

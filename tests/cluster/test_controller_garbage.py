@@ -15,7 +15,7 @@ from kio.schema.alter_partition_reassignments.v0 import request as reassign0
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i32Timedelta
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from kafka_wire import KafkaWire
 from strom.broker.zk import znodes
 from strom.records.codec import RecordSpec, encode_batch

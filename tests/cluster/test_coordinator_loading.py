@@ -17,7 +17,7 @@ import pytest
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from kafka_wire import GroupWire, KafkaWire
 
 pytestmark = pytest.mark.cluster

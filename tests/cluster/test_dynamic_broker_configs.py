@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from strom.broker.zk import znodes
 
 pytestmark = pytest.mark.cluster

@@ -17,7 +17,7 @@ import time
 import pytest
 from kio.schema.errors import ErrorCode
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from kafka_wire import KafkaWire
 from strom.records.codec import RecordSpec, encode_batch
 

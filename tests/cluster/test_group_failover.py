@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException
 from kio.schema.errors import ErrorCode
 
-from cluster import RECOVERY_TIMEOUT, Cluster
+from cluster_harness import RECOVERY_TIMEOUT, Cluster
 from cluster_workload import KeyedProducer
 from kafka_wire import GroupWire
 from strom.broker.coordinator.group_metadata_manager import partition_for

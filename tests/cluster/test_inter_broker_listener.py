@@ -11,7 +11,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from brokerproc import BrokerProcess, free_port
-from cluster import Cluster
+from cluster_harness import Cluster
 from kafka_wire import KafkaWire, kio_request
 from strom.cli.local_cluster import java_available
 

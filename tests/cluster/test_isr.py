@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from cluster_workload import KeyedProducer, TailingConsumer, check_delivery
 
 pytestmark = pytest.mark.cluster

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from kio.schema.errors import ErrorCode
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from kafka_wire import LATEST, KafkaWire
 from strom.records.codec import RecordSpec, encode_batch
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from kafka_wire import KafkaWire
 from strom.client.admin import AdminClient, ElectionType
 from strom.client.cluster import TopicPartition

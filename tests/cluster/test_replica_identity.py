@@ -22,7 +22,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.fetch.v15 import request as fetch15
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from kafka_wire import LATEST, KafkaWire
 from strom.broker.zk import znodes
 from strom.cli.local_cluster import broker_host

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import RECOVERY_TIMEOUT, Cluster
+from cluster_harness import RECOVERY_TIMEOUT, Cluster
 from cluster_workload import (
     PRODUCER_CLIENTS,
     EpochWatcher,

@@ -18,7 +18,7 @@ import pytest
 from kio.schema.create_topics.v7 import request as create_topics7
 from kio.schema.errors import ErrorCode
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from kafka_wire import KafkaWire
 
 pytestmark = pytest.mark.cluster

@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions
 
-from cluster import Cluster, ClusterError
+from cluster_harness import Cluster, ClusterError
 
 pytestmark = pytest.mark.cluster
 

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as CKPartition
 from kio.schema.errors import ErrorCode
 
-from cluster import RECOVERY_TIMEOUT, Cluster
+from cluster_harness import RECOVERY_TIMEOUT, Cluster
 from kafka_wire import LATEST, KafkaWire
 from strom.client import Consumer as StromConsumer
 from strom.client import OffsetAndMetadata, TopicPartition

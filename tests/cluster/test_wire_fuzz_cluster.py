@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from cluster_workload import KeyedProducer, TailingConsumer, check_delivery
 from kafka_wire import GroupWire
 from strom.broker.zk import znodes

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from cluster import Cluster
+from cluster_harness import Cluster
 from strom.broker.zk import znodes
 
 pytestmark = pytest.mark.cluster

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from cluster import Cluster
+from cluster_harness import Cluster
 
 TOPIC = "grown"
 PARTITIONS = 1500

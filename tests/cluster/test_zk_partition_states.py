@@ -16,8 +16,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from netproxy import NetProxy
-from strom.broker.cluster.zookeeper import ZkControlPlane
 from strom.broker.config import KafkaConfig
+from strom.broker.control_plane.zookeeper import ZkControlPlane
 from strom.broker.zk import znodes
 from zkserver import ZooKeeperServer, java_available
 

@@ -21,8 +21,8 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 
-from strom.broker.cluster.zookeeper import ZkControlPlane
 from strom.broker.config import KafkaConfig
+from strom.broker.control_plane.zookeeper import ZkControlPlane
 from strom.broker.zk import znodes
 from strom.broker.zk.client import SessionState
 from zkserver import ZooKeeperServer, java_available

@@ -1,5 +1,5 @@
 """ZooKeeper faults under a running cluster: three brokers on a quorum of three ZooKeeper nodes,
-each broker reaching every node through its own proxies (tests/cluster.py).
+each broker reaching every node through its own proxies (tests/cluster_harness.py).
 
 - One ZooKeeper node dies and comes back (the quorum holds): nothing stops.
 - The quorum is lost for longer than a session (two nodes down): as in Kafka, the leaders keep
@@ -34,7 +34,7 @@ import pytest
 from kio.schema.create_topics.v7 import request as create_topics7
 from kio.schema.errors import ErrorCode
 
-from cluster import RECOVERY_TIMEOUT, SESSION_TIMEOUT_MS, Cluster
+from cluster_harness import RECOVERY_TIMEOUT, SESSION_TIMEOUT_MS, Cluster
 from cluster_workload import EpochWatcher, KeyedProducer, TailingConsumer, check_delivery
 from kafka_wire import KafkaWire
 from zkserver import ZooKeeperEnsemble, server_mode

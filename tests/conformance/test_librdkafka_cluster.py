@@ -1,7 +1,7 @@
 """librdkafka 2.0.2's own test suite against a 3-broker Strom cluster on ZooKeeper.
 
 The same runner as test_librdkafka.py (librdkafka_runner.py), with bootstrap.servers listing all
-three brokers (tests/cluster.py: 127.0.0.11-13) and the suite's broker configs on top of the
+three brokers (tests/cluster_harness.py: 127.0.0.11-13) and the suite's broker configs on top of the
 cluster's replication settings: topics are created with replication factor 3 and
 min.insync.replicas 2, as on librdkafka's own trivup clusters (tests/scenarios/*.json). Each number
 in librdkafka_cluster_allowlist.txt is its own pytest test; left out, with reasons: FINDINGS.md.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import Cluster, ClusterError
+from cluster_harness import Cluster, ClusterError
 from conformance.librdkafka_runner import (
     BUILD_TIMEOUT,
     HERE,
@@ -36,7 +36,7 @@ pytestmark = [
     pytest.mark.timeout(BUILD_TIMEOUT + RUN_TIMEOUT + 120),
 ]
 
-# The suite's configs over tests/cluster.py's (which already sets short replica and ZooKeeper
+# The suite's configs over tests/cluster_harness.py's (which already sets short replica and ZooKeeper
 # timeouts); the replication ones are restated because the tests count on them.
 CLUSTER_SUITE_CONFIG = {
     **SUITE_BROKER_CONFIG,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from strom.broker.cluster.metadata import PartitionState, TopicState
 from strom.broker.config import KafkaConfig
+from strom.broker.control_plane.metadata import PartitionState, TopicState
 from strom.broker.partition import Partition, TopicPartition
 from strom.broker.replica_manager import ReplicaManager, ReplicationConfig
 from strom.broker.server import BrokerServer

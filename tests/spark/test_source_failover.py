@@ -1,4 +1,4 @@
-"""Streaming reads across leader failovers, on a real cluster (tests/cluster.py) and Spark in local mode.
+"""Streaming reads across leader failovers, on a real cluster (tests/cluster_harness.py) and Spark in local mode.
 
 Three brokers, a topic of three partitions with replication factor 3 and min.insync.replicas 2,
 and an idempotent acks=all producer writing numbered records all along. While a streaming query
@@ -21,7 +21,7 @@ import pytest
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from cluster import RECOVERY_TIMEOUT, Cluster
+from cluster_harness import RECOVERY_TIMEOUT, Cluster
 from spark.spark_util import (
     BackgroundProducer,
     assert_exactly_once,

@@ -16,12 +16,12 @@ import pytest
 
 from fakezk import FakeZooKeeper, FakeZooKeeperServer
 from strom.broker.broker import Broker
-from strom.broker.cluster import zookeeper
-from strom.broker.cluster.local import LocalControlPlane
-from strom.broker.cluster.metadata import TopicState
-from strom.broker.cluster.plane import ControlPlane
-from strom.broker.cluster.zookeeper import ZkControlPlane
 from strom.broker.config import KafkaConfig
+from strom.broker.control_plane import zookeeper
+from strom.broker.control_plane.local import LocalControlPlane
+from strom.broker.control_plane.metadata import TopicState
+from strom.broker.control_plane.plane import ControlPlane
+from strom.broker.control_plane.zookeeper import ZkControlPlane
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from strom.broker.coordinator.group_metadata_manager import GroupMetadataManager
 from strom.broker.dispatcher import RequestContext

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from strom.broker.cluster.assignment import InvalidReplicationFactorError, assign_replicas
+from strom.broker.control_plane.assignment import InvalidReplicationFactorError, assign_replicas
 
 
 def no_racks(*ids: int) -> dict[int, str | None]:

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from strom.broker.cluster.metadata import PartitionState, TopicState
+from strom.broker.control_plane.metadata import PartitionState, TopicState
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager, partition_ranges
 from strom.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochCheckpointFile

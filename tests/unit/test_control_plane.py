@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-import strom.broker.cluster.local as local
-from strom.broker.cluster.local import METADATA_FILE, LocalControlPlane
+import strom.broker.control_plane.local as local
+from strom.broker.control_plane.local import METADATA_FILE, LocalControlPlane
 from strom.storage import KafkaStorageError
 
 

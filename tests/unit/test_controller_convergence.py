@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from fakezk import FakeZooKeeper, FakeZooKeeperServer
-from strom.broker.cluster.controller import Controller, request_controlled_shutdown
-from strom.broker.cluster.controller import duties as controller_duties
-from strom.broker.cluster.controller import events as controller_events
-from strom.broker.cluster.controller import writer as controller_writer
 from strom.broker.config import KafkaConfig
+from strom.broker.control_plane.controller import Controller, request_controlled_shutdown
+from strom.broker.control_plane.controller import duties as controller_duties
+from strom.broker.control_plane.controller import events as controller_events
+from strom.broker.control_plane.controller import writer as controller_writer
 from strom.broker.zk import znodes
 
 WAIT_S = 5.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from strom.broker.cluster.controller import (
+from strom.broker.control_plane.controller import (
     decide_controlled_shutdown,
     decide_on_membership,
     decide_preferred_leader,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from strom.broker.cluster.metadata import PartitionState, TopicState
+from strom.broker.control_plane.metadata import PartitionState, TopicState
 from strom.broker.coordinator import group_metadata_manager as gmm
 from strom.broker.coordinator.group import OffsetAndMetadata
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from strom.broker.cluster.metadata import PartitionState
+from strom.broker.control_plane.metadata import PartitionState
 from strom.protocol.errors import ErrorCode
 from unit.storage.storage_batches import make_batch
 from unit.test_replication_partition import TP, Clock, FakeLink, follower_fetch, make_manager, topic_state

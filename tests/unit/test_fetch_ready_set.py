@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from strom.broker.cluster.metadata import MetadataImage, PartitionState, TopicState
+from strom.broker.control_plane.metadata import MetadataImage, PartitionState, TopicState
 from strom.broker.fetch_session import (
     INITIAL_EPOCH,
     INVALID_SESSION_ID,

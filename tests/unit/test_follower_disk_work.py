@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from strom.broker.cluster.metadata import PartitionState
+from strom.broker.control_plane.metadata import PartitionState
 from strom.broker.partition import Partition, TopicPartition
 from strom.storage import LogConfig, UnifiedLog
 from unit.storage.test_storage_follower import leader_batch

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from strom.broker.cluster.metadata import PartitionState
+from strom.broker.control_plane.metadata import PartitionState
 from strom.broker.replica_manager import ReplicaManager
 from strom.storage import LogConfig, LogManager
 from unit.storage.storage_batches import make_batch

@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from strom.broker.cluster.metadata import PartitionState, TopicState
+from strom.broker.control_plane.metadata import PartitionState, TopicState
 from strom.broker.partition import TopicPartition
 from unit.test_replication_partition import Clock, FakeLink, make_manager
 

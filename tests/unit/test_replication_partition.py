@@ -10,7 +10,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from strom.broker.cluster.metadata import PartitionState, TopicState
+from strom.broker.control_plane.metadata import PartitionState, TopicState
 from strom.broker.partition import Partition, TopicPartition
 from strom.broker.replica_fetcher import truncation_offset
 from strom.broker.replica_manager import FetchRequestPartition, ReplicaManager, ReplicationConfig

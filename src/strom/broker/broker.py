@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from strom.broker.cluster.metadata import TopicState
-    from strom.broker.cluster.plane import ControlPlane
     from strom.broker.config import KafkaConfig
+    from strom.broker.control_plane.metadata import TopicState
+    from strom.broker.control_plane.plane import ControlPlane
     from strom.broker.coordinator.group_coordinator import GroupCoordinator
     from strom.broker.dynamic_config import DynamicBrokerConfig
     from strom.broker.fetch_session import FetchSessionCache

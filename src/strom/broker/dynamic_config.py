@@ -32,7 +32,7 @@ from strom.broker.zk.znodes import (
 from strom.storage.checkpoint import write_atomically
 
 if TYPE_CHECKING:
-    from strom.broker.cluster.plane import ControlPlane
+    from strom.broker.control_plane.plane import ControlPlane
     from strom.broker.network import NetworkLimits
     from strom.broker.replica_manager import ReplicaManager
     from strom.storage import LogManager

@@ -16,7 +16,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from strom.broker.cluster.metadata import PartitionState
+from strom.broker.control_plane.metadata import PartitionState
 from strom.protocol.errors import ErrorCode
 from strom.storage import (
     FetchDataInfo,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from strom.broker.cluster.metadata import ClusterLink, PartitionState, TopicState
+from strom.broker.control_plane.metadata import ClusterLink, PartitionState, TopicState
 from strom.broker.fetch_session import FetchSessionCache
 from strom.broker.partition import NotEnoughReplicasError, Partition, TopicPartition
 from strom.broker.replica_fetcher import ReplicaFetcherManager, ReplicationConfig

@@ -14,24 +14,24 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from strom.broker.cluster.assignment import InvalidReplicationFactorError
-from strom.broker.cluster.controller import Controller, request_controlled_shutdown
-from strom.broker.cluster.local import (
+from strom.broker.config import KafkaConfig
+from strom.broker.control_plane.assignment import InvalidReplicationFactorError
+from strom.broker.control_plane.controller import Controller, request_controlled_shutdown
+from strom.broker.control_plane.local import (
     InvalidTopicError,
     LocalControlPlane,
     TopicExistsError,
     validate_topic_name,
 )
-from strom.broker.cluster.metadata import TopicState
-from strom.broker.cluster.plane import (
+from strom.broker.control_plane.metadata import TopicState
+from strom.broker.control_plane.plane import (
     ADMIN_TIMEOUT_MS,
     ControlPlane,
     CoordinatorUnavailableError,
     LeaderNotAvailableError,
     MetadataWaitTimeout,
 )
-from strom.broker.cluster.zookeeper import NO_STATE_EPOCH, ZkControlPlane
-from strom.broker.config import KafkaConfig
+from strom.broker.control_plane.zookeeper import NO_STATE_EPOCH, ZkControlPlane
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, GroupMetadataManager
 from strom.broker.dispatcher import RequestDispatcher

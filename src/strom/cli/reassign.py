@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from strom.broker.cluster.assignment import assign_replicas
+from strom.broker.control_plane.assignment import assign_replicas
 from strom.cli.common import CliError, add_connection_options, admin_client
 from strom.client.admin import AdminClient
 from strom.client.cluster import TopicPartition

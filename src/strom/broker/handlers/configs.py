@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from strom.broker.cluster.plane import ZooKeeperUnavailableError
 from strom.broker.config import BROKER_CONFIGS
+from strom.broker.control_plane.plane import ZooKeeperUnavailableError
 from strom.broker.dispatcher import RequestContext
 from strom.broker.dynamic_config import DynamicConfigRefused
 from strom.protocol.errors import ErrorCode

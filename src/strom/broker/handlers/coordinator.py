@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strom.broker.cluster.plane import CoordinatorUnavailableError
+from strom.broker.control_plane.plane import CoordinatorUnavailableError
 from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, partition_for
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode

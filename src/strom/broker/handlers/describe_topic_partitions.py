@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strom.broker.cluster.metadata import TopicState
+from strom.broker.control_plane.metadata import TopicState
 from strom.broker.dispatcher import RequestContext
 from strom.broker.handlers.partition_view import partition_view
 from strom.protocol.errors import ErrorCode

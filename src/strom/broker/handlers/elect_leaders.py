@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strom.broker.cluster.plane import PREFERRED_NOT_AVAILABLE_MESSAGE, Outcome
+from strom.broker.control_plane.plane import PREFERRED_NOT_AVAILABLE_MESSAGE, Outcome
 from strom.broker.dispatcher import RequestContext
 from strom.broker.handlers.partition_view import partition_view
 from strom.protocol.errors import ErrorCode

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from strom.broker.cluster.metadata import MetadataImage, TopicState
+from strom.broker.control_plane.metadata import MetadataImage, TopicState
 from strom.broker.dispatcher import RequestContext
 from strom.broker.fetch_session import (
     FINAL_EPOCH,

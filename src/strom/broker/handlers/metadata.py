@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from strom.broker.cluster.assignment import InvalidReplicationFactorError
-from strom.broker.cluster.local import InvalidTopicError, validate_topic_name
-from strom.broker.cluster.metadata import PartitionState, TopicState
-from strom.broker.cluster.plane import LeaderNotAvailableError
+from strom.broker.control_plane.assignment import InvalidReplicationFactorError
+from strom.broker.control_plane.local import InvalidTopicError, validate_topic_name
+from strom.broker.control_plane.metadata import PartitionState, TopicState
+from strom.broker.control_plane.plane import LeaderNotAvailableError
 from strom.broker.dispatcher import RequestContext
 from strom.broker.handlers.partition_view import partition_view
 from strom.broker.handlers.topics import MAX_PARTITIONS_PER_REQUEST

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strom.broker.cluster.metadata import PartitionState
-from strom.broker.cluster.plane import ControlPlane
+from strom.broker.control_plane.metadata import PartitionState
+from strom.broker.control_plane.plane import ControlPlane
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
 from strom.protocol.errors import ErrorCode

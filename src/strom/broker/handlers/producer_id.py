@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from strom.broker.cluster.plane import ZooKeeperUnavailableError
+from strom.broker.control_plane.plane import ZooKeeperUnavailableError
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build

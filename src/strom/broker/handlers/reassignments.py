@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strom.broker.cluster.plane import Outcome, ZooKeeperUnavailableError
+from strom.broker.control_plane.plane import Outcome, ZooKeeperUnavailableError
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import ZERO_THROTTLE, build, to_ms

@@ -13,9 +13,9 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from strom.broker.cluster.assignment import InvalidReplicationFactorError
-from strom.broker.cluster.local import InvalidTopicError, TopicExistsError, validate_topic_name
-from strom.broker.cluster.plane import MetadataWaitTimeout
+from strom.broker.control_plane.assignment import InvalidReplicationFactorError
+from strom.broker.control_plane.local import InvalidTopicError, TopicExistsError, validate_topic_name
+from strom.broker.control_plane.plane import MetadataWaitTimeout
 from strom.broker.dispatcher import RequestContext
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import ZERO_UUID, build

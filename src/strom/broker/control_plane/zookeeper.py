@@ -41,16 +41,17 @@ from typing import Any, TypeVar
 
 from kazoo.exceptions import BadVersionError, KazooException
 
-from strom.broker.cluster.assignment import assign_replicas
-from strom.broker.cluster.controller.requests import request_preferred_leader_election
-from strom.broker.cluster.local import (
+from strom.broker.config import KafkaConfig
+from strom.broker.control_plane.assignment import assign_replicas
+from strom.broker.control_plane.controller.requests import request_preferred_leader_election
+from strom.broker.control_plane.local import (
     META_PROPERTIES,
     TopicExistsError,
     legal_topic_name,
     validate_topic_name,
 )
-from strom.broker.cluster.metadata import MetadataImage, PartitionState, TopicState
-from strom.broker.cluster.plane import (
+from strom.broker.control_plane.metadata import MetadataImage, PartitionState, TopicState
+from strom.broker.control_plane.plane import (
     ADMIN_ANSWER_GRACE_S,
     PREFERRED_NOT_AVAILABLE_MESSAGE,
     AdminTasks,
@@ -60,7 +61,6 @@ from strom.broker.cluster.plane import (
     ZooKeeperUnavailableError,
     admin_timeout_s,
 )
-from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
 from strom.broker.zk.client import (
     AsyncZooKeeper,

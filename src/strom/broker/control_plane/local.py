@@ -31,8 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from strom.broker.cluster.metadata import MetadataImage, PartitionState, TopicState
-from strom.broker.cluster.plane import AdminTasks, Outcome, Reassignment
+from strom.broker.control_plane.metadata import MetadataImage, PartitionState, TopicState
+from strom.broker.control_plane.plane import AdminTasks, Outcome, Reassignment
 from strom.protocol.errors import ErrorCode
 from strom.storage import KafkaStorageError
 from strom.storage.checkpoint import write_atomically

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Collection, Coroutine, Mapping
 from typing import Any, Protocol, TypeVar
 
-from strom.broker.cluster.metadata import MetadataImage, TopicState
+from strom.broker.control_plane.metadata import MetadataImage, TopicState
 from strom.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from functools import partial
 
 from kazoo.exceptions import BadVersionError, KazooException, SessionExpiredError
 
-from strom.broker.cluster.controller.decisions import (
+from strom.broker.config import KafkaConfig
+from strom.broker.control_plane.controller.decisions import (
     NO_LEADER,
     decide_controlled_shutdown,
     decide_on_membership,
@@ -25,9 +26,9 @@ from strom.broker.cluster.controller.decisions import (
     first,
     initial_leader_and_isr,
 )
-from strom.broker.cluster.controller.events import EventQueue, Handler, retry_backoff
-from strom.broker.cluster.controller.requests import ControlledShutdownReport
-from strom.broker.cluster.controller.writer import (
+from strom.broker.control_plane.controller.events import EventQueue, Handler, retry_backoff
+from strom.broker.control_plane.controller.requests import ControlledShutdownReport
+from strom.broker.control_plane.controller.writer import (
     ControllerMovedError,
     Decide,
     DutyStats,
@@ -36,7 +37,6 @@ from strom.broker.cluster.controller.writer import (
     chunked,
     state_change_notification,
 )
-from strom.broker.config import KafkaConfig
 from strom.broker.zk import znodes
 from strom.broker.zk.client import (
     AsyncZooKeeper,
@@ -51,7 +51,7 @@ from strom.broker.zk.client import (
     ZnodeStat,
 )
 
-log = logging.getLogger("strom.broker.cluster.controller")
+log = logging.getLogger("strom.broker.control_plane.controller")
 
 UNCLEAN_KEY = "unclean.leader.election.enable"
 # Kafka's ZkNodeChangeNotificationListener: change notifications older than this are purged.

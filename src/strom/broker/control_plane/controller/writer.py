@@ -15,7 +15,7 @@ from kazoo.exceptions import BadVersionError
 from strom.broker.zk import znodes
 from strom.broker.zk.client import AsyncZooKeeper, Check, Create, Delete, MultiOpFailed, NoNodeError, SetData
 
-log = logging.getLogger("strom.broker.cluster.controller")
+log = logging.getLogger("strom.broker.control_plane.controller")
 
 # Partition states written in one multi-op, and the bytes such a write may take: each multi-op
 # stays well below ZooKeeper's 1 MiB request limit (jute.maxbuffer).

@@ -17,19 +17,19 @@ The parts: ``decisions`` (pure: a partition's state in, the new one out), ``even
 and every duty), ``requests`` (what a broker asks of the controller through znodes).
 """
 
-from strom.broker.cluster.controller.decisions import (
+from strom.broker.control_plane.controller.decisions import (
     decide_controlled_shutdown,
     decide_on_membership,
     decide_preferred_leader,
     initial_leader_and_isr,
 )
-from strom.broker.cluster.controller.duties import CONFIG_CHANGE_EXPIRATION_MS, Controller
-from strom.broker.cluster.controller.requests import (
+from strom.broker.control_plane.controller.duties import CONFIG_CHANGE_EXPIRATION_MS, Controller
+from strom.broker.control_plane.controller.requests import (
     ControlledShutdownReport,
     request_controlled_shutdown,
     request_preferred_leader_election,
 )
-from strom.broker.cluster.controller.writer import ControllerMovedError
+from strom.broker.control_plane.controller.writer import ControllerMovedError
 
 __all__ = [
     "CONFIG_CHANGE_EXPIRATION_MS",
