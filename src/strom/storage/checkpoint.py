@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 from strom.storage.errors import KafkaStorageError
+from strom.storage.file_cache import open_fd
 
 CHECKPOINT_VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
@@ -27,7 +28,7 @@ TOPIC_CONFIGS = "topic-configs.json"
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
@@ -47,7 +48,7 @@ def write_atomically(path: Path, content: bytes) -> None:
     On a failure (a full disk) the temporary file is removed and the OSError raised."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             write_fully(fd, content)
             os.fsync(fd)

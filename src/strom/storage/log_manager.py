@@ -33,6 +33,7 @@ from strom.storage.checkpoint import (
 )
 from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner
 from strom.storage.errors import KafkaStorageError, StorageError
+from strom.storage.file_cache import file_cache
 from strom.storage.future_log import FutureLog, resolve_interrupted_moves
 from strom.storage.local_log import DELETE_SUFFIX, STRAY_SUFFIX, parse_topic_partition, renamed_dir_name
 from strom.storage.log_config import LogConfig
@@ -505,7 +506,7 @@ class LogManager:
                 self._checkpoint_dir(log_dir)
                 if not self.log_dir_failure_channel.is_offline(log_dir):
                     try:
-                        (log_dir / CLEAN_SHUTDOWN_FILE).touch()
+                        file_cache().retry_out_of_descriptors((log_dir / CLEAN_SHUTDOWN_FILE).touch)
                         fsync_dir(log_dir)
                     except OSError as e:
                         self.log_dir_failure_channel.maybe_add_offline_log_dir(log_dir, "shutdown", e)
