@@ -8,9 +8,12 @@ fsync the directory), so a crash leaves either the old or the new content.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from strom.storage.errors import KafkaStorageError
@@ -27,7 +30,33 @@ PARTITION_METADATA = "partition.metadata"
 TOPIC_CONFIGS = "topic-configs.json"
 
 
+# Directories whose fsync a caller batches (deferred_dir_syncs), per thread; None: sync now.
+_deferred = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_dir_syncs() -> Iterator[set[Path]]:
+    """Within the block, ``fsync_dir`` (and so ``write_atomically``) on this thread only collects
+    the directory; the caller syncs each collected one once, before relying on any of the block's
+    renames and new files (one fsync per log instead of one per file written in it)."""
+    dirs: set[Path] = set()
+    outer = getattr(_deferred, "dirs", None)
+    _deferred.dirs = dirs
+    try:
+        yield dirs
+    finally:
+        _deferred.dirs = outer
+
+
 def fsync_dir(path: Path) -> None:
+    dirs: set[Path] | None = getattr(_deferred, "dirs", None)
+    if dirs is not None:
+        dirs.add(path)
+        return
+    sync_dir_now(path)
+
+
+def sync_dir_now(path: Path) -> None:
     fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

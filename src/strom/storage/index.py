@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import ClassVar, NamedTuple
 
 from strom.storage.errors import KafkaStorageError
-from strom.storage.file_cache import CachedFile, file_cache
+from strom.storage.file_cache import CachedFile, file_cache, open_fd
 
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
@@ -85,8 +85,9 @@ class _Index:
 
     def create(self) -> None:
         """Start an empty index file (a new segment's)."""
-        with self._file as fd:
-            os.ftruncate(fd, 0)
+        self._close_fd()
+        # No descriptor kept: an idle log's index needs none until its first (sparse) entry.
+        os.close(open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC))
         self._data = bytearray()
         self._file_length = 0
         self._inactive = False
