@@ -32,7 +32,8 @@ _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 
 def default_max_open() -> int:
-    """Three quarters of the soft descriptor limit (the rest for sockets, checkpoints, ZooKeeper)."""
+    """Three quarters of the soft descriptor limit (the rest for sockets, checkpoints, ZooKeeper);
+    the broker sets it again after raising the limit at start."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 20
@@ -174,10 +175,21 @@ class CachedFile:
         return self._closed
 
     def __enter__(self) -> int:
-        return self._cache._acquire(self)
+        cache = self._cache
+        with cache._lock:  # the common case inline: the append and read paths pin per call
+            if self._fd >= 0 and not self._closed:
+                self._pins += 1
+                cache._open.move_to_end(self)
+                return self._fd
+        return cache._acquire(self)
 
     def __exit__(self, *_: object) -> None:
-        self._cache._release(self)
+        cache = self._cache
+        with cache._lock:
+            self._pins -= 1
+            if self._pins or not self._closed or self._fd < 0:
+                return
+            cache._drop_locked(self)
 
     def pin_if_open(self) -> int:
         """Pin and return the descriptor if one is open, else -1 (then nothing to unpin)."""
