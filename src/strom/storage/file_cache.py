@@ -95,20 +95,24 @@ class FileCache:
                 self._open.move_to_end(file)
                 file._pins += 1
                 return file._fd
-            self._close_unpinned_locked(len(self._open) + 1 - self.max_open)
-            while True:
-                try:
-                    fd = os.open(file.path, file._flags, 0o644)
-                    break
-                except OSError as e:
-                    # Fewer descriptors than the cap assumed (sockets, other opens): give some back.
-                    if e.errno not in _OUT_OF_DESCRIPTORS or not self._shrink_locked():
-                        raise
-            file._flags &= ~os.O_CREAT if file._create_once else ~0
-            file._fd = fd
+        # Opened outside the lock: an open that waits on the disk must not hold up every other
+        # file's use. Two threads may open the same file; the later one closes its copy.
+        fd = self.retry_out_of_descriptors(lambda: os.open(file.path, file._flags, 0o644))
+        with self._lock:
+            if file._closed:
+                os.close(fd)
+                raise OSError(errno.EBADF, f"{file.path} is closed")
+            if file._fd >= 0:
+                os.close(fd)
+                self._open.move_to_end(file)
+            else:
+                if file._create_once:
+                    file._flags &= ~os.O_CREAT
+                file._fd = fd
+                self._open[file] = None
             file._pins += 1
-            self._open[file] = None
-            return fd
+            self._close_unpinned_locked(len(self._open) - self.max_open)
+            return file._fd
 
     def _release(self, file: CachedFile) -> None:
         with self._lock:
