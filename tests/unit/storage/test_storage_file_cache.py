@@ -126,3 +126,21 @@ def test_running_out_of_descriptors_closes_cached_ones_instead_of_failing(tmp_pa
         cache.max_open = saved_cap
         for log in logs:
             log.close()
+
+
+def test_closing_an_idle_log_writes_no_new_producer_snapshot(tmp_path: Path) -> None:
+    dir = tmp_path / "t-0"
+    log = UnifiedLog.open(dir, CONFIG)
+    log.append_as_leader(
+        make_batch(count=2, value_size=40, producer_id=7, producer_epoch=0, base_sequence=0), 0
+    )
+    log.close()
+    (snapshot,) = dir.glob("*.snapshot")
+    os.utime(snapshot, ns=(0, 0))
+    reopened = UnifiedLog.open(dir, CONFIG, had_clean_shutdown=True)
+    reopened.close()  # nothing appended since: the durable snapshot stays as it was
+    assert snapshot.stat().st_mtime_ns == 0
+    reopened = UnifiedLog.open(dir, CONFIG, had_clean_shutdown=False)
+    assert reopened.producer_state.last_entry(7) is not None
+    reopened.close()  # after a recovery the snapshot is written (synced) again
+    assert snapshot.stat().st_mtime_ns != 0
