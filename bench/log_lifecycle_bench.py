@@ -3,8 +3,9 @@ of 10,000 partitions and of its clean shutdown.
 
 Creates ``--logs`` logs through ``LogManager.open_new_logs`` (as the replica manager does, in steps
 of 500), appends one 1 KiB record batch to each, then times ``LogManager.shutdown`` (flush, producer
-snapshots, checkpoints, clean-shutdown marker). Prints milliseconds for both and the open
-descriptors under the log dir afterwards. Run it with the code to measure first on PYTHONPATH and
+snapshots, checkpoints, clean-shutdown marker), then restarts (``load_ms``) and times the
+shutdown of the now idle logs (``idle_close_ms``). Prints milliseconds and the descriptors open
+under the log dir before the first close. Run it with the code to measure first on PYTHONPATH and
 alternate builds for A/B numbers (the machine is shared).
 
     PYTHONPATH=src .venv/bin/python bench/log_lifecycle_bench.py --logs 2000 --dir /work/tmp-bench
@@ -65,9 +66,19 @@ def main() -> None:
     start = time.perf_counter()
     manager.shutdown()
     close_ms = (time.perf_counter() - start) * 1000
+    # A restart, then a shutdown of the same logs with nothing appended since (idle partitions).
+    start = time.perf_counter()
+    manager = LogManager([args.dir])
+    manager.lock_log_dirs()
+    manager.startup(lambda _topic: LogConfig())
+    load_ms = (time.perf_counter() - start) * 1000
+    start = time.perf_counter()
+    manager.shutdown()
+    idle_close_ms = (time.perf_counter() - start) * 1000
     print(
         f"logs={args.logs} create_ms={create_ms:.0f} per_log_ms={create_ms / args.logs:.2f} "
-        f"close_ms={close_ms:.0f} open_fds_before_close={open_fds} strom={sys.modules['strom'].__file__}"
+        f"close_ms={close_ms:.0f} load_ms={load_ms:.0f} idle_close_ms={idle_close_ms:.0f} "
+        f"open_fds_before_close={open_fds} strom={sys.modules['strom'].__file__}"
     )
     shutil.rmtree(args.dir, ignore_errors=True)
 
