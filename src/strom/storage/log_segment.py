@@ -422,8 +422,11 @@ class LogSegment:
             if self._closed:
                 return
             try:
-                with self._log_file as fd:  # reopened if the cache closed it: fsync syncs the file
-                    os.fsync(fd)
+                try:
+                    with self._log_file as fd:  # reopened if the cache closed it: fsync syncs the file
+                        os.fsync(fd)
+                except FileNotFoundError:
+                    return  # renamed away meanwhile (retention, the cleaner's swap): nothing to keep
                 self._offset_index.flush()
                 self._time_index.flush()
             except OSError as e:
