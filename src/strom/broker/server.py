@@ -48,6 +48,7 @@ from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager, ReplicationConfig
 from strom.storage import KafkaStorageError, LogConfig, LogManager, StorageError, UnifiedLog
 from strom.storage.checkpoint import TOPIC_CONFIGS, TopicConfigsFile
+from strom.storage.file_cache import default_max_open, file_cache
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ T = TypeVar("T")
 
 def raise_open_file_limit() -> int:
     """Raise the soft RLIMIT_NOFILE to the hard limit and return it: the broker keeps a descriptor
-    per segment (10,000 segments need 10,000), and the usual soft limit is 1,024."""
+    per active segment and caches others up to three quarters of the limit (storage/file_cache.py),
+    and the usual soft limit is 1,024."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard
     if hard == resource.RLIM_INFINITY:
@@ -76,7 +78,12 @@ def raise_open_file_limit() -> int:
             log.warning(
                 "could not raise the open file limit", extra={"soft": soft, "hard": hard, "error": str(e)}
             )
-    log.info("open file limit (RLIMIT_NOFILE)", extra={"soft": soft, "hard": hard})
+    # The segment and index descriptor cache takes its share of the new limit.
+    file_cache().max_open = default_max_open()
+    log.info(
+        "open file limit (RLIMIT_NOFILE)",
+        extra={"soft": soft, "hard": hard, "cached_files": file_cache().max_open},
+    )
     return soft
 
 

@@ -8,12 +8,16 @@ fsync the directory), so a crash leaves either the old or the new content.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from strom.storage.errors import KafkaStorageError
+from strom.storage.file_cache import open_fd
 
 CHECKPOINT_VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
@@ -26,8 +30,34 @@ PARTITION_METADATA = "partition.metadata"
 TOPIC_CONFIGS = "topic-configs.json"
 
 
+# Directories whose fsync a caller batches (deferred_dir_syncs), per thread; None: sync now.
+_deferred = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_dir_syncs() -> Iterator[set[Path]]:
+    """Within the block, ``fsync_dir`` (and so ``write_atomically``) on this thread only collects
+    the directory; the caller syncs each collected one once, before relying on any of the block's
+    renames and new files (one fsync per log instead of one per file written in it)."""
+    dirs: set[Path] = set()
+    outer = getattr(_deferred, "dirs", None)
+    _deferred.dirs = dirs
+    try:
+        yield dirs
+    finally:
+        _deferred.dirs = outer
+
+
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    dirs: set[Path] | None = getattr(_deferred, "dirs", None)
+    if dirs is not None:
+        dirs.add(path)
+        return
+    sync_dir_now(path)
+
+
+def sync_dir_now(path: Path) -> None:
+    fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
@@ -47,7 +77,7 @@ def write_atomically(path: Path, content: bytes) -> None:
     On a failure (a full disk) the temporary file is removed and the OSError raised."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             write_fully(fd, content)
             os.fsync(fd)

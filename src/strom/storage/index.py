@@ -7,9 +7,10 @@ is an ``OSError`` and never a SIGBUS) and truncation cuts the file. Lookups run 
 in-memory copy of the entries.
 
 Indexes are lazy (Kafka's LazyIndex): nothing is read or opened until the entries are
-needed, and the file descriptor, opened for the first write, is closed when the
-segment rolls (a later flush syncs the file by path). An inactive segment therefore holds no
-index descriptor, and its entries only while it is read (the log bounds how many).
+needed. The file descriptor is a ``CachedFile``: opened for a write, kept by the process's
+file cache while there is room, and closed when the segment rolls (a later flush syncs the file
+by path). An inactive segment therefore holds no index descriptor, and its entries only while
+it is read (the log bounds how many).
 
 The event-loop thread appends; a flushing worker thread may call ``flush``
 concurrently. Anything that truncates the file or closes its descriptor is done under
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import ClassVar, NamedTuple
 
 from strom.storage.errors import KafkaStorageError
+from strom.storage.file_cache import CachedFile, file_cache, open_fd
 
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
@@ -66,7 +68,7 @@ class _Index:
         self.path = path
         self.base_offset = base_offset
         self._max_index_size = self._round(max_index_size)
-        self._fd = -1
+        self._file = CachedFile(path, create=True)
         # The entries, read from the file on first use; None until then (or after release).
         self._data: bytearray | None = None
         # Bytes of the file when it was read (a torn or garbage file need not be whole entries).
@@ -84,7 +86,8 @@ class _Index:
     def create(self) -> None:
         """Start an empty index file (a new segment's)."""
         self._close_fd()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # No descriptor kept: an idle log's index needs none until its first (sparse) entry.
+        os.close(open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC))
         self._data = bytearray()
         self._file_length = 0
         self._inactive = False
@@ -99,7 +102,7 @@ class _Index:
         if self._data is not None:
             return
         try:
-            raw = self.path.read_bytes()
+            raw = file_cache().retry_out_of_descriptors(self.path.read_bytes)
         except FileNotFoundError:
             raw = b""
         self._file_length = len(raw)
@@ -116,15 +119,8 @@ class _Index:
         assert data is not None
         return data
 
-    def _write_fd(self) -> int:
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        return self._fd
-
     def _close_fd(self) -> None:
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            os.close(fd)
+        self._file.close_descriptor()
 
     # --- sizing -----------------------------------------------------------------
 
@@ -164,9 +160,16 @@ class _Index:
         """Cut anything after the entries (a torn write left by a failed append), through the
         descriptor this index writes with: by close time its path may name another file (a
         cleaned segment swapped in)."""
-        if self._data is not None and self._fd >= 0 and self._file_length != len(self._data):
-            os.ftruncate(self._fd, len(self._data))
+        if self._data is None or self._file_length == len(self._data):
+            return
+        fd = self._file.pin_if_open()
+        if fd < 0:
+            return  # closed since (by the cache): the write that tore it reopens it to overwrite
+        try:
+            os.ftruncate(fd, len(self._data))
             self._file_length = len(self._data)
+        finally:
+            self._file.unpin()
 
     def mark_inactive(self) -> None:
         """The segment rolled: no more appends, so no descriptor (a flush syncs the file by path)."""
@@ -179,12 +182,16 @@ class _Index:
             return
         # Cleared before the fsync: an append racing with it marks the index dirty again.
         self._dirty = False
-        if self._fd >= 0:
-            os.fsync(self._fd)
+        fd = self._file.pin_if_open()
+        if fd >= 0:
+            try:
+                os.fsync(fd)
+            finally:
+                self._file.unpin()
             return
         # fsync syncs the file's dirty pages whichever descriptor wrote them.
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = file_cache().retry_out_of_descriptors(lambda: os.open(self.path, os.O_RDONLY))
         except FileNotFoundError:
             return  # deleted (retention) or swapped out (cleaner) meanwhile: nothing to keep
         try:
@@ -213,10 +220,12 @@ class _Index:
     def rename(self, path: Path) -> None:
         os.rename(self.path, path)
         self.path = path
+        self._file.rename(path)
 
     def reset(self) -> None:
         """Drop every entry (before a rebuild from the log)."""
-        os.ftruncate(self._write_fd(), 0)
+        with self._file as fd:
+            os.ftruncate(fd, 0)
         self._data = bytearray()
         self._file_length = 0
         self._inactive = False
@@ -226,7 +235,8 @@ class _Index:
         data = self._entries_data()
         size = entries * self.entry_size
         if size < len(data) or self._file_length != size:
-            os.ftruncate(self._write_fd(), size)
+            with self._file as fd:
+                os.ftruncate(fd, size)
             del data[size:]
             self._file_length = size
         self._invalidate_last()
@@ -237,11 +247,11 @@ class _Index:
     def _append_entry(self, entry: bytes) -> None:
         data = self._entries_data()
         position = len(data)
-        fd = self._write_fd()
         written = 0
         try:
-            while written < len(entry):
-                written += os.pwrite(fd, entry[written:], position + written)
+            with self._file as fd:
+                while written < len(entry):
+                    written += os.pwrite(fd, entry[written:], position + written)
         except OSError:
             self._file_length = -1  # a torn entry may follow the entries: trim cuts it
             raise

@@ -32,7 +32,7 @@ from strom.records import batch as rb
 from strom.storage.checkpoint import fsync_dir
 from strom.storage.errors import CorruptRecordError, KafkaStorageError
 from strom.storage.log_config import LogConfig
-from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
+from strom.storage.log_dir_failure import LogDirFailureChannel
 from strom.storage.log_segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -201,7 +201,7 @@ class LocalLog:
         if self.offline:
             raise self.log_dir_failure_channel.offline_error(self.log_dir)
 
-    def log_dir_failed(self, what: str, cause: OSError) -> LogDirOfflineError:
+    def log_dir_failed(self, what: str, cause: OSError) -> KafkaStorageError:
         """Take the log's dir offline (once) for ``cause``; the error to raise."""
         return self.log_dir_failure_channel.maybe_add_offline_log_dir(
             self.log_dir, f"{what} on {self.dir.name}", cause

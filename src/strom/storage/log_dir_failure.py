@@ -1,6 +1,6 @@
 """LogDirFailureChannel: the one place an I/O error on a log dir takes that dir offline.
 
-As in Kafka, any ``OSError`` while appending, rolling, writing an index, flushing,
+As in Kafka, any ``OSError`` (but running out of descriptors while cached ones can be closed) while appending, rolling, writing an index, flushing,
 snapshotting or checkpointing marks the log dir it happened on offline, once, with one
 error line naming the dir and the cause. Every log in an offline dir then answers
 KAFKA_STORAGE_ERROR and writes nothing more; the broker goes on serving the other dirs.
@@ -14,12 +14,18 @@ import threading
 from pathlib import Path
 
 from strom.storage.errors import KafkaStorageError
+from strom.storage.file_cache import file_cache, is_out_of_descriptors
 
 log = logging.getLogger(__name__)
 
 
 class LogDirOfflineError(KafkaStorageError):
     """The log's dir is offline (it failed an I/O operation); a restart brings it back."""
+
+
+class OutOfDescriptorsError(KafkaStorageError):
+    """The process ran out of file descriptors; the file cache gave some back, so the dir stays
+    online and the operation may be retried."""
 
 
 class LogDirFailureChannel:
@@ -39,9 +45,15 @@ class LogDirFailureChannel:
         with self._lock:
             return dict(self._offline)
 
-    def maybe_add_offline_log_dir(self, log_dir: Path, what: str, cause: BaseException) -> LogDirOfflineError:
-        """Mark ``log_dir`` offline (logging it the first time only); returns the error to raise."""
+    def maybe_add_offline_log_dir(self, log_dir: Path, what: str, cause: BaseException) -> KafkaStorageError:
+        """Mark ``log_dir`` offline (logging it the first time only); returns the error to raise.
+
+        Running out of descriptors says nothing of the disk: while the file cache can close some,
+        the dir stays online and the error (OutOfDescriptorsError) is retriable."""
         reason = f"{what}: {cause}"
+        if is_out_of_descriptors(cause) and file_cache().shrink():
+            log.warning("out of file descriptors (%s); closed idle cached files", reason)
+            return OutOfDescriptorsError(f"out of file descriptors: {reason}")
         with self._lock:
             first = log_dir not in self._offline
             if first:

@@ -210,6 +210,8 @@ class LogLoader:
         self.leader_epoch_cache.truncate_from_end(log_end)
         self.leader_epoch_cache.truncate_from_start(log_start_offset)
         replayed = rebuild_producer_state(self.producer_state, segments, log_start_offset, log_end)
+        if had_clean_shutdown:
+            self.producer_state.mark_snapshot_durable()
         elapsed_ms = int((time.monotonic() - started) * 1000)
         fields = {
             "log": self.dir.name,

@@ -29,10 +29,13 @@ from strom.storage.checkpoint import (
     REPLICATION_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
     PartitionMetadataFile,
+    deferred_dir_syncs,
     fsync_dir,
+    sync_dir_now,
 )
 from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner
 from strom.storage.errors import KafkaStorageError, StorageError
+from strom.storage.file_cache import file_cache
 from strom.storage.future_log import FutureLog, resolve_interrupted_moves
 from strom.storage.local_log import DELETE_SUFFIX, STRAY_SUFFIX, parse_topic_partition, renamed_dir_name
 from strom.storage.log_config import LogConfig
@@ -292,8 +295,9 @@ class LogManager:
         ``register_logs`` on it). If one fails, those created here are deleted again and
         KafkaStorageError is raised.
 
-        A few threads create them: each log costs a handful of fsyncs (partition.metadata, the
-        leader epoch checkpoint), which the file system commits together when they overlap.
+        A few threads create them: each log costs three fsyncs (partition.metadata, the leader
+        epoch checkpoint, then its directory once for both), which the file system commits
+        together when they overlap; the log dirs holding the new directories are synced once.
         """
         if not specs:
             return []
@@ -301,6 +305,12 @@ class LogManager:
             futures = [pool.submit(self._open_new_log, spec) for spec in specs]
         opened = [f.result() for f in futures if f.exception() is None]
         failure = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failure is None:
+            try:
+                for log_dir in {spec.log_dir for spec in specs}:
+                    sync_dir_now(log_dir)  # the new log directories' entries
+            except OSError as e:
+                failure = e
         if failure is not None:
             for log_ in opened:
                 with contextlib.suppress(OSError, StorageError):
@@ -312,17 +322,24 @@ class LogManager:
         return opened
 
     def _open_new_log(self, spec: NewLog) -> UnifiedLog:
-        log_ = UnifiedLog.open(
-            spec.log_dir / f"{spec.topic}-{spec.partition}",
-            spec.config,
-            topic_id=spec.topic_id,
-            time_ms=self._time_ms,
-            had_clean_shutdown=True,  # a new, empty log: nothing to recover
-        )
-        if spec.leader_epoch >= 0 and log_.leader_epoch_cache.latest_epoch is None:
-            # The partition's first epoch, written here rather than on the event loop (a follower's
-            # log, leader_epoch -1, learns its epochs from the leader's batches instead).
-            log_.leader_epoch_cache.assign(spec.leader_epoch, log_.log_end_offset)
+        with deferred_dir_syncs() as dirs:
+            log_ = UnifiedLog.open(
+                spec.log_dir / f"{spec.topic}-{spec.partition}",
+                spec.config,
+                topic_id=spec.topic_id,
+                time_ms=self._time_ms,
+                had_clean_shutdown=True,  # a new, empty log: nothing to recover
+            )
+            if spec.leader_epoch >= 0 and log_.leader_epoch_cache.latest_epoch is None:
+                # The partition's first epoch, written here rather than on the event loop (a
+                # follower's log, leader_epoch -1, learns its epochs from the leader's batches).
+                log_.leader_epoch_cache.assign(spec.leader_epoch, log_.log_end_offset)
+        try:
+            for dir in dirs | {log_.dir}:  # the log's own directory: its new files' entries
+                sync_dir_now(dir)
+        except OSError as e:
+            log_.close()
+            raise KafkaStorageError(f"error creating log {log_.dir}: {e}") from e
         return log_
 
     def register_logs(self, logs: list[UnifiedLog]) -> None:
@@ -493,19 +510,38 @@ class LogManager:
     def online_logs(self) -> list[UnifiedLog]:
         return [log_ for log_ in self._logs.values() if not log_.offline]
 
+    def _close_log(self, log_: UnifiedLog) -> None:
+        """Close a log (flush, producer snapshot), syncing its directory once for both."""
+        with deferred_dir_syncs() as dirs:
+            log_.close()
+        if log_.offline:
+            return
+        try:
+            for dir in dirs:
+                sync_dir_now(dir)
+        except OSError as e:
+            # No clean-shutdown marker for this dir then: the next start recovers it.
+            self.log_dir_failure_channel.maybe_add_offline_log_dir(
+                log_.log_dir, f"closing {log_.dir.name}", e
+            )
+
     def shutdown(self) -> None:
         """Close every log, write the checkpoints and mark each log dir as cleanly shut down."""
         for future in self.future_logs.values():
             future.cancelled = True  # its copy stays behind as -future: the next startup removes it
-        for log_ in self.all_logs():
-            log_.close()
+        logs = self.all_logs()
+        if logs:
+            # Each close waits on a few fsyncs: overlap them as for creation.
+            with _background_pool(len(logs), "strom-close-log") as pool:
+                for _ in pool.map(self._close_log, logs):
+                    pass
         for log_dir in self.log_dirs:
             # An offline dir (or one that fails now) gets no marker: the next start recovers it.
             with contextlib.suppress(LogDirOfflineError):
                 self._checkpoint_dir(log_dir)
                 if not self.log_dir_failure_channel.is_offline(log_dir):
                     try:
-                        (log_dir / CLEAN_SHUTDOWN_FILE).touch()
+                        file_cache().retry_out_of_descriptors((log_dir / CLEAN_SHUTDOWN_FILE).touch)
                         fsync_dir(log_dir)
                     except OSError as e:
                         self.log_dir_failure_channel.maybe_add_offline_log_dir(log_dir, "shutdown", e)

@@ -3,6 +3,10 @@
 Bytes are written with ``os.pwrite`` at the segment's committed size, so a failed
 or torn write is overwritten by the next append and cut off by recovery. Reads use
 ``os.pread`` bounded by that size and never see a partial append.
+
+The files' descriptors are ``CachedFile``s (storage/file_cache.py): each use pins the
+descriptor, and the process's file cache closes idle ones when too many are open, so a
+segment nobody reads holds none and an idle log at most its active segment's ``.log``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 
 from strom.records import batch as rb
 from strom.storage.errors import KafkaStorageError
+from strom.storage.file_cache import CachedFile
 from strom.storage.index import CorruptIndexError, OffsetIndex, TimeIndex
 
 log = logging.getLogger(__name__)
@@ -90,8 +95,12 @@ class LogSegment:
         existed = self.log_path.exists()
         # An existing log without its indexes must rebuild them (see load).
         self.indexes_missing = existed and not (index_path.exists() and time_index_path.exists())
-        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.size = os.fstat(self._fd).st_size
+        self._log_file = CachedFile(self.log_path, create=not existed, create_once=True)
+        if existed:
+            self.size = self.log_path.stat().st_size  # no descriptor until the segment is used
+        else:
+            with self._log_file as fd:
+                self.size = os.fstat(fd).st_size
         # Lazy: an existing segment's indexes are read (and sanity-checked) on first use.
         self._offset_index = OffsetIndex(index_path, base_offset, max_index_size)
         self._time_index = TimeIndex(time_index_path, base_offset, max_index_size)
@@ -147,10 +156,11 @@ class LogSegment:
             self.on_become_inactive()
 
     def release_indexes(self) -> None:
-        """Drop an inactive segment's index entries until they are needed again (its index
-        descriptors closed at roll, so no lock: a flush holding it must not stall a read)."""
+        """Drop an inactive segment's index entries and log descriptor until they are needed
+        again (no lock: a flush holding it must not stall a read; pinned descriptors stay)."""
         self._offset_index.release()
         self._time_index.release()
+        self._log_file.close_descriptor()
 
     # --- loading ------------------------------------------------------------------
 
@@ -171,7 +181,8 @@ class LogSegment:
 
     def _load_first_batch_timestamp(self) -> None:
         if self.size >= rb.HEADER_SIZE:
-            first = rb.read_header(os.pread(self._fd, rb.HEADER_SIZE, 0))
+            with self._log_file as fd:
+                first = rb.read_header(os.pread(fd, rb.HEADER_SIZE, 0))
             self.rolling_based_timestamp = first.max_timestamp
         else:
             self.rolling_based_timestamp = None
@@ -199,7 +210,8 @@ class LogSegment:
             log.warning("%s: %s; truncating %d bytes", self.log_path, e, self.size - e.position)
         truncated = self.size - valid
         if truncated:
-            os.ftruncate(self._fd, valid)
+            with self._log_file as fd:
+                os.ftruncate(fd, valid)
             self.size = valid
         self._append_final_time_entry()
         self._load_first_batch_timestamp()
@@ -224,7 +236,8 @@ class LogSegment:
         )
         size = sum(part.nbytes for part in parts)
         try:
-            _pwrite_all(self._fd, parts, position)
+            with self._log_file as fd:
+                _pwrite_all(fd, parts, position)
         except OSError as e:
             raise KafkaStorageError(f"error appending to {self.log_path}: {e}") from e
         if self.rolling_based_timestamp is None and headers:
@@ -286,20 +299,19 @@ class LogSegment:
                 self._append_final_time_entry()
             self._offset_index.mark_inactive()
             self._time_index.mark_inactive()
+            self._log_file.close_descriptor()  # reopened by the next read or the roll's flush
 
     # --- reading ------------------------------------------------------------------
-
-    def _read_header(self, position: int) -> rb.BatchHeader:
-        return rb.read_header(os.pread(self._fd, rb.HEADER_SIZE, position))
 
     def find_batch(self, offset: int, start_position: int = 0) -> tuple[int, rb.BatchHeader] | None:
         """Position and header of the first batch whose last offset >= ``offset``."""
         position = max(self.offset_index.lookup(offset).position, start_position)
-        while position < self.size:
-            header = self._read_header(position)
-            if header.last_offset >= offset:
-                return position, header
-            position += header.size
+        with self._log_file as fd:
+            while position < self.size:
+                header = rb.read_header(os.pread(fd, rb.HEADER_SIZE, position))
+                if header.last_offset >= offset:
+                    return position, header
+                position += header.size
         return None
 
     def position_of(self, offset: int) -> int:
@@ -324,7 +336,8 @@ class LogSegment:
             if not min_one_batch:
                 return b""
             want = first.size
-        data = os.pread(self._fd, want, start)
+        with self._log_file as fd:
+            data = os.pread(fd, want, start)
         if start + len(data) == end or len(data) == first.size:
             return data
         # Cut at the last whole batch: jump near the end with the index, then walk headers.
@@ -354,7 +367,8 @@ class LogSegment:
                 want = min(rb.HEADER_SIZE, self.size - position)
             else:
                 want = min(max(SCAN_CHUNK_BYTES, need), self.size - position)
-            buf = os.pread(self._fd, want, position)
+            with self._log_file as fd:
+                buf = os.pread(fd, want, position)
             if len(buf) < want:
                 raise InvalidBatchAt(position + len(buf), "log file is shorter than its recorded size")
             view = memoryview(buf)
@@ -403,7 +417,8 @@ class LogSegment:
         with self._lock:
             self.offset_index.truncate_to(header.base_offset)
             self.time_index.truncate_to(header.base_offset)
-            os.ftruncate(self._fd, position)
+            with self._log_file as fd:
+                os.ftruncate(fd, position)
             self.size = position
             # This segment becomes the active one: give its indexes room to grow again.
             self._inactive = False
@@ -433,7 +448,11 @@ class LogSegment:
             if self._closed:
                 return
             try:
-                os.fsync(self._fd)
+                try:
+                    with self._log_file as fd:  # reopened if the cache closed it: fsync syncs the file
+                        os.fsync(fd)
+                except FileNotFoundError:
+                    return  # renamed away meanwhile (retention, the cleaner's swap): nothing to keep
                 self._offset_index.flush()
                 self._time_index.flush()
             except OSError as e:
@@ -452,7 +471,7 @@ class LogSegment:
             finally:
                 self._offset_index.close_handles()
                 self._time_index.close_handles()
-                os.close(self._fd)
+                self._log_file.close()
 
     def close_handles(self) -> None:
         """Release the descriptors without writing anything (a failed log dir's segments)."""
@@ -462,7 +481,7 @@ class LogSegment:
             self._closed = True
             self._offset_index.close_handles()
             self._time_index.close_handles()
-            os.close(self._fd)
+            self._log_file.close()
 
     def delete(self) -> None:
         self.close()

@@ -104,6 +104,10 @@ class ProducerStateManager:
         self._producers: dict[int, ProducerStateEntry] = {}
         # State covers every batch below this offset.
         self.map_end_offset = 0
+        # The snapshot last loaded, and the one known to be on disk durably (written with sync,
+        # or loaded after a clean shutdown): a sync snapshot at that offset again is skipped.
+        self._loaded_snapshot: int | None = None
+        self._durable_snapshot: int | None = None
 
     # --- queries ------------------------------------------------------------------
 
@@ -200,7 +204,13 @@ class ProducerStateManager:
     # --- snapshots ------------------------------------------------------------------
 
     def take_snapshot(self, sync: bool = False) -> Path:
-        """Write ``<map end offset>.snapshot``; sync=False leaves durability to a later flush."""
+        """Write ``<map end offset>.snapshot``; sync=False leaves durability to a later flush.
+
+        As Kafka, no offset appended since the last durable snapshot means no new one (an idle
+        log's close writes nothing); the state may differ only by expired producers."""
+        path = snapshot_path(self.dir, self.map_end_offset)
+        if sync and self._durable_snapshot == self.map_end_offset and path.exists():
+            return path
         entries = b"".join(
             _SNAPSHOT_ENTRY.pack(
                 entry.producer_id,
@@ -219,7 +229,6 @@ class ProducerStateManager:
         body = struct.pack(">i", count) + entries
         crc = crc32c.crc32c(body)
         data = struct.pack(">hI", SNAPSHOT_VERSION, crc) + body
-        path = snapshot_path(self.dir, self.map_end_offset)
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -228,10 +237,16 @@ class ProducerStateManager:
                 os.fsync(fd)
         finally:
             os.close(fd)
+        self._durable_snapshot = None
         os.replace(tmp, path)
         if sync:
-            fsync_dir(self.dir)
+            fsync_dir(self.dir)  # (deferred to the caller within deferred_dir_syncs)
+            self._durable_snapshot = self.map_end_offset
         return path
+
+    def mark_snapshot_durable(self) -> None:
+        """The snapshot just loaded is on disk durably (the log dir was shut down cleanly)."""
+        self._durable_snapshot = self._loaded_snapshot
 
     def load(self, log_start_offset: int, log_end_offset: int) -> int:
         """Load the newest valid snapshot at or below the log end; returns the offset to replay from.
@@ -241,6 +256,7 @@ class ProducerStateManager:
         """
         self._producers = {}
         self.map_end_offset = log_start_offset
+        self._loaded_snapshot = self._durable_snapshot = None
         for offset in reversed(snapshot_offsets(self.dir)):
             path = snapshot_path(self.dir, offset)
             if offset > log_end_offset:
@@ -254,7 +270,7 @@ class ProducerStateManager:
                 log.warning("deleting unreadable producer snapshot %s: %s", path, e)
                 path.unlink(missing_ok=True)
                 continue
-            self.map_end_offset = offset
+            self.map_end_offset = self._loaded_snapshot = offset
             break
         return self.map_end_offset
 

@@ -33,6 +33,7 @@ from strom.storage.errors import (
     KafkaStorageError,
     OffsetOutOfRangeError,
 )
+from strom.storage.file_cache import file_cache
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
 from strom.storage.local_log import FetchDataInfo, LocalLog, TimestampAndOffset
 from strom.storage.log_config import LogConfig
@@ -152,8 +153,33 @@ class UnifiedLog:
 
         ``log_start_offset`` and ``recovery_point`` come from the log dir's checkpoint
         files (LogManager); ``had_clean_shutdown`` defaults to the presence of the
-        log dir's clean-shutdown marker.
+        log dir's clean-shutdown marker. Running out of descriptors gives cached ones back and
+        tries again (the steps are idempotent: a new segment replaces any files at its name).
         """
+        return file_cache().retry_out_of_descriptors(
+            lambda: cls._open(
+                dir,
+                config,
+                topic_id=topic_id,
+                time_ms=time_ms,
+                log_start_offset=log_start_offset,
+                recovery_point=recovery_point,
+                had_clean_shutdown=had_clean_shutdown,
+            )
+        )
+
+    @classmethod
+    def _open(
+        cls,
+        dir: Path,
+        config: LogConfig,
+        *,
+        topic_id: uuid.UUID | None,
+        time_ms: Callable[[], int],
+        log_start_offset: int | None,
+        recovery_point: int | None,
+        had_clean_shutdown: bool | None,
+    ) -> UnifiedLog:
         metadata = PartitionMetadataFile(dir / PARTITION_METADATA)
         try:
             dir.mkdir(parents=True, exist_ok=True)
@@ -240,7 +266,7 @@ class UnifiedLog:
     def _check_open(self) -> None:
         self._local.check_open()
 
-    def log_dir_failed(self, what: str, cause: OSError) -> LogDirOfflineError:
+    def log_dir_failed(self, what: str, cause: OSError) -> KafkaStorageError:
         """Take the log's dir offline (once) for ``cause``; the error to raise."""
         return self._local.log_dir_failed(what, cause)
 
@@ -672,7 +698,9 @@ class UnifiedLog:
         if self.closed:
             return
         with contextlib.suppress(LogDirOfflineError):
-            self._flush_and_snapshot()
+            # Out of descriptors is retriable while the cache gives some back (then it is an
+            # offline dir like any other I/O error).
+            file_cache().retry_out_of_descriptors(self._flush_and_snapshot)
         self._local.close()
 
     @_log_dir_io

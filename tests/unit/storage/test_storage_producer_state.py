@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -109,7 +108,7 @@ def test_replay_after_latest_snapshot_following_crash(tmp_path: Path) -> None:
     snapshots = sorted(dir.glob("*.snapshot"))
     assert snapshots  # written at each roll
     for segment in log.segments:
-        os.close(segment._fd)
+        segment.close_handles()
     reopened = UnifiedLog.open(dir, LogConfig(segment_bytes=400))
     entry = reopened.producer_state.last_entry(PID)
     assert entry is not None and entry.last_seq == 19

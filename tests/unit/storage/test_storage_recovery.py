@@ -17,7 +17,7 @@ def fill(log: UnifiedLog, batches: int, count: int = 2) -> None:
 def crash(log: UnifiedLog) -> None:
     """Drop the log without flushing, closing or snapshotting: what kill -9 leaves behind."""
     for segment in log.segments:
-        os.close(segment._fd)
+        segment.close_handles()
 
 
 def segment_files(dir: Path) -> list[Path]:
