@@ -324,6 +324,29 @@ def test_isr_shrinks_and_expands_and_min_insync_holds(tmp_path: Path) -> None:
     run(scenario, tmp_path)
 
 
+def test_caught_up_followers_dropped_by_the_controller_rejoin_the_isr(tmp_path: Path) -> None:
+    """The controller takes both followers out of the ISR in the same epoch (as when their
+    ZooKeeper sessions bounce) while they keep fetching, caught up. Nothing is appended (acks=all
+    is refused below min.insync.replicas), so their fetch sessions' reads of the partition are
+    what must bring them back: the ISR change marks it ready in the sessions."""
+
+    async def scenario(plane: MiniControlPlane) -> None:
+        leader = await connect(plane, 1)
+        assert (await produce(leader, make_batch(2), acks=-1)).error_code == 0
+        await eventually(lambda: all(plane.partition(n).high_watermark == 2 for n in (1, 2, 3)))
+        state = plane.state
+        await plane.publish(
+            PartitionState(0, 1, state.leader_epoch, state.replicas, [1], state.partition_epoch + 1)
+        )
+        assert plane.partition(1).isr == [1]
+        await eventually(lambda: sorted(plane.state.isr) == [1, 2, 3])
+        answer = await produce(leader, make_batch(1), acks=-1)
+        assert (answer.error_code, answer.base_offset) == (ErrorCode.none, 2)
+        leader.close()
+
+    run(scenario, tmp_path)
+
+
 def test_old_leader_truncates_to_the_new_leaders_log(tmp_path: Path) -> None:
     async def scenario(plane: MiniControlPlane) -> None:
         leader = await connect(plane, 1)

@@ -463,8 +463,9 @@ class ReplicaManager:
         for partition, state in batch:
             if partition.is_leader and partition.leader_epoch == state.leader_epoch:
                 # The same epoch with a newer partition epoch: an ISR change (ours, or the controller's).
-                if partition.make_leader(state, now_ms):
-                    self._wake_fetchers(partition.tp)
+                # Woken even if the HW stays: see _isr_settled.
+                partition.make_leader(state, now_ms)
+                self._wake_fetchers(partition.tp)
             else:
                 new_epochs.append((partition, state))
         if not new_epochs:
@@ -597,14 +598,23 @@ class ReplicaManager:
         ):
             # Refused (a newer state is on its way) or already applied from the watch.
             partition.pending_isr = None
+            self._isr_settled(tp)
             return
         self._applied[tp] = key
         log.info(
             "ISR changed",
             extra={"partition": str(tp), "isr": written.isr, "partition_epoch": written.partition_epoch},
         )
-        if partition.commit_isr(written):
-            self._wake_fetchers(tp)
+        partition.commit_isr(written)
+        self._isr_settled(tp)
+
+    def _isr_settled(self, tp: TopicPartition) -> None:
+        """An ISR change was written or refused: the partition is read at the followers' next
+        fetch. A follower's fetch session reads a quiet partition only when something marks it,
+        and only a read records the follower's position and lets it (back) into the ISR: a
+        follower dropped from it while the partition stays quiet (min.insync.replicas refusing
+        every produce) would otherwise never rejoin, nor one whose expansion waited on this change."""
+        self._wake_fetchers(tp)
 
     def _shrink_isrs(self) -> None:
         now = self._time_ms()

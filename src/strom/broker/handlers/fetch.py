@@ -282,9 +282,12 @@ async def read_partitions(
         errors = len(reads) < len(visit)  # some answered with an error
         if first and session is not None and replica_id >= 0:
             session.last_fetch_time_ms = replica_manager.time_ms()
-        # A follower's position is recorded once per request, at its first read, as Kafka does.
+        # A follower's position is recorded at every read, not only the first: a session's
+        # partition first read after the wait (marked by a new epoch or an ISR change) is read
+        # once in this fetch and then quiet, so recorded now or never (its follower would fall
+        # out of the ISR, and never rejoin, though it fetched).
         read, _ = replica_manager.read_from_local_log(
-            reads, max(0, max_bytes - total), replica_id, first, min_one_batch=total == 0
+            reads, max(0, max_bytes - total), replica_id, True, min_one_batch=total == 0
         )
         first = False
         for key, fetch in zip(read_keys, reads, strict=True):
