@@ -44,6 +44,7 @@ from kazoo.exceptions import BadVersionError, KazooException
 from strom.broker.config import KafkaConfig
 from strom.broker.control_plane.assignment import assign_replicas
 from strom.broker.control_plane.controller.requests import request_preferred_leader_election
+from strom.broker.control_plane.controller.writer import state_change_notification
 from strom.broker.control_plane.local import (
     META_PROPERTIES,
     TopicExistsError,
@@ -906,13 +907,7 @@ class ZkControlPlane:
                 for t, p in keys
             ]
             # The writes and their change notification in one multi-op: every broker learns of them.
-            ops.append(
-                Create(
-                    f"{znodes.ISR_CHANGE_NOTIFICATION}/{znodes.ISR_CHANGE_PREFIX}",
-                    znodes.encode_partition_list(keys),
-                    sequence=True,
-                )
-            )
+            ops.append(state_change_notification(keys))
             try:
                 results = await self.zk.multi(ops)
             except MultiOpFailed as e:
