@@ -194,3 +194,27 @@ def test_every_state_is_read_again_after_a_reconnection(
             assert watch_count(zookeeper) < 20  # the watches came back, not multiplied
 
         run(proxy.address, tmp_path, scenario)
+
+
+def test_garbage_notifications_are_skipped_and_the_next_one_is_read(
+    zookeeper: ZooKeeperServer, zk: KazooClient, tmp_path: Path
+) -> None:
+    async def scenario(plane: ZkControlPlane) -> None:
+        before = plane.image.topic(TOPIC)
+        assert before is not None
+        garbage = zk.create(notification_path(), b"not json {", sequence=True)
+        # Names no partition a broker could hold: an illegal topic name and a partition past the bound.
+        zk.create(
+            notification_path(),
+            b'{"version":1,"partitions":[{"topic":"../x","partition":3},'
+            b'{"topic":"' + TOPIC.encode() + b'","partition":4294967296}]}',
+            sequence=True,
+        )
+        write_state(zk, 11, state_json(7))
+        await until(lambda: leader_epoch(plane, 11) == 7, "the valid notification after the garbage is read")
+        assert garbage in plane.unreadable_znodes()
+        after = plane.image.topic(TOPIC)
+        assert after is not None
+        assert all(after.partitions[p] is before.partitions[p] for p in range(PARTITIONS) if p != 11)
+
+    run(zookeeper.connect, tmp_path, scenario)
