@@ -238,3 +238,26 @@ def test_partitions_left_for_the_byte_limit_are_read_at_the_next_fetch(broker: B
         broker.sessions.remove(session_id)
 
     asyncio.run(scenario())
+
+
+def test_a_partition_added_by_a_waiting_fetch_wakes_it_when_appended_to(broker: Broker) -> None:
+    """The fetch that adds a partition to its session reads it (empty), then waits: an append
+    meanwhile wakes it and is answered. Watched only from the fetch's answer, the session missed
+    that append and never read the partition again until the next one: a follower that added a
+    new partition just before the leader's first produce never fetched it, and acks=all timed out
+    (tests/cluster/test_truncation.py, on a busy machine)."""
+    session_id = open_session(broker, range(200, 201))
+    added = 201
+
+    async def scenario() -> None:
+        waiting = asyncio.ensure_future(
+            broker.fetch(session_id, 1, [request(added, broker_offset(broker, added))], max_wait_ms=30_000)
+        )
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        broker.append(added, records=2)
+        error, _, answered, _ = await asyncio.wait_for(waiting, 30)
+        assert error == ErrorCode.none and list(answered) == [key(added)]
+        assert answered[key(added)].records != b""
+
+    asyncio.run(scenario())

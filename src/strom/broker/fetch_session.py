@@ -324,6 +324,17 @@ class FetchContext:
         self._taken.extend(p.key for p in requests)
         return requests
 
+    def watch(self, key: PartitionKey, tp: TopicPartition) -> None:
+        """This fetch resolved its session's partition ``key`` to ``tp``: the session watches ``tp``
+        from now on, before the fetch waits, so that an append while it waits wakes it (watched
+        only from its answer, a partition the fetch added and found empty would miss that append
+        and stay quiet until the next one)."""
+        session = self.session
+        if session is not None:
+            cached = session.partitions.get(key)
+            if cached is not None:
+                self._cache.watch(session, key, cached, tp)
+
     def abandon(self) -> None:
         """The fetch ends unanswered: what it took is ready again for the session's next fetch."""
         if not self._settled and self.session is not None:

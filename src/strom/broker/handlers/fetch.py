@@ -239,6 +239,7 @@ async def read_partitions(
             topics[topic_key] = resolved
         name, topic = resolved
         tp = tps[key] = TopicPartition(name, index)
+        context.watch(key, tp)
         partition = replica_manager.partition(tp) if topic is not None else None
         if partition is None:
             offline = topic is not None and replica_manager.is_offline(tp)
