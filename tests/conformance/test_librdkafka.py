@@ -94,6 +94,6 @@ def test_librdkafka(number: str, test_runner: Path, request: pytest.FixtureReque
         verdict = f"the broker exited (status {broker.returncode}) during the test; {verdict}"
     pytest.fail(
         f"librdkafka test {number} against {broker.bootstrap}: {verdict}\n"
-        f"{result.failure_excerpt()}\n{broker.log_tail(20)}",
+        f"{broker.log_tail(20)}\n{result.failure_excerpt()}",  # the reasons last, as CI logs keep ends
         pytrace=False,
     )

@@ -101,8 +101,10 @@ def test_librdkafka_cluster(
     exited = {n: b.returncode for n, b in cluster.brokers.items() if not b.running}
     if exited:
         verdict = f"broker(s) exited during the test (id: status {exited}); {verdict}"
+    # The runner's reasons last: a CI log that keeps only the end of the output still shows them.
     pytest.fail(
         f"librdkafka test {number} against the cluster {cluster.bootstrap}: {verdict}\n"
-        f"{result.failure_excerpt()}\n{cluster.describe(lines=15)}",
+        f"{cluster.describe(lines=15)}\n{result.failure_excerpt()}\n"
+        f"librdkafka test {number}: {verdict}",
         pytrace=False,
     )
