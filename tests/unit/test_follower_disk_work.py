@@ -48,6 +48,7 @@ def test_follower_truncation_and_new_epochs_do_their_file_work_off_the_loop(
 
     monkeypatch.setattr(os, "fsync", recorded("fsync", os.fsync))
     monkeypatch.setattr(os, "unlink", recorded("unlink", os.unlink))
+    monkeypatch.setattr(os, "replace", recorded("replace", os.replace))
 
     def assert_off_loop(step: str, loop_thread: int) -> None:
         on_loop = [name for name, thread in calls if thread == loop_thread]
@@ -57,14 +58,16 @@ def test_follower_truncation_and_new_epochs_do_their_file_work_off_the_loop(
 
     async def follow() -> None:
         loop_thread = threading.get_ident()
-        # The new leader's first batches, in a new epoch: the checkpoint is written and synced.
+        # The new leader's first batches, in a new epoch: the checkpoint is written (and synced
+        # by the log's next flush).
         await _settle(partition.append_records_as_follower(leader_batch(20, 2, 1)))
         assert log.leader_epoch_cache.entries == [(0, 0), (1, 20)]
+        assert {name for name, _ in calls} == {"replace"}
         assert_off_loop("a new epoch", loop_thread)
         # Diverging epochs: back into the first segment (later segments unlinked).
         await _settle(partition.truncate_to(5))
         assert log.log_end_offset == 4 and log.leader_epoch_cache.entries == [(0, 0)]
-        assert {name for name, _ in calls} == {"fsync", "unlink"}
+        assert {name for name, _ in calls} == {"fsync", "unlink", "replace"}
         assert_off_loop("truncation", loop_thread)
         # Behind the leader's log start: the whole log restarts there.
         await _settle(partition.truncate_fully_and_start_at(100))

@@ -1,12 +1,18 @@
 """LeaderEpochFileCache: the first offset of each leader epoch, kept in ``leader-epoch-checkpoint``.
 
-A new epoch and a truncation from the end are written to the file at once, as Kafka's
-LeaderEpochFileCache flushes on assign and on truncateFromEnd: a follower that truncates, appends
-in an older epoch and crashes must not restart with a removed epoch starting inside the appended
-records (OffsetForLeaderEpoch would then answer with it). Their callers run off the event loop (the
-log's I/O executor, or loading). Truncations from the start are written later (``flush``, from the
-log manager's checkpoint job or at close), as Kafka does since KAFKA-15046: a stale file then only
-holds entries below the log start offset, which loading the log truncates again.
+A truncation from the end is written and synced at once, as Kafka's LeaderEpochFileCache does on
+truncateFromEnd: a follower that truncates, appends in an older epoch and crashes must not
+restart with a removed epoch starting inside the appended records (OffsetForLeaderEpoch would
+then answer with it). So is an epoch a new leader assigns (``assign``). An epoch that an append
+brings (a follower's first batch of its leader's new epoch, or a recovered batch) is written at
+once but synced by ``flush``, which the log calls before its recovery point passes that batch:
+until then a crash recovers the batch and assigns its epoch again, so the file may be stale
+only where the log is recovered. A thousand followers each meeting a new epoch after a failover
+thus cost no fsync on the way to their ISR (one per partition was most of a failover's time).
+Truncations from the start are written by ``flush`` too (the log manager's checkpoint job or at
+close), as Kafka does since KAFKA-15046: a stale file then only holds entries below the log
+start offset, which loading the log truncates again. These callers run off the event loop (the
+log's I/O executor, or loading).
 An unreadable or missing file is not fatal: the cache starts empty with ``rebuild_needed`` set,
 and the log rebuilds it from its batches' partitionLeaderEpoch (Kafka only does so for the
 segments it recovers, and takes a log dir offline for an unreadable file).
@@ -68,8 +74,10 @@ class LeaderEpochFileCache:
     def earliest_entry(self) -> tuple[int, int] | None:
         return self._entries[0] if self._entries else None
 
-    def assign(self, epoch: int, start_offset: int) -> None:
-        """Record that ``epoch`` starts at ``start_offset``, dropping entries it contradicts."""
+    def assign(self, epoch: int, start_offset: int, *, sync: bool = True) -> None:
+        """Record that ``epoch`` starts at ``start_offset``, dropping entries it contradicts.
+        Without ``sync`` (an epoch an appended batch brings) the file is written but synced only
+        by the next ``flush``."""
         if epoch < 0 or start_offset < 0:
             raise ValueError(f"invalid leader epoch entry ({epoch}, {start_offset})")
         if self._entries:
@@ -81,7 +89,7 @@ class LeaderEpochFileCache:
             entries.pop()
         removed = self._entries[len(entries) :]
         entries.append((epoch, start_offset))
-        self._write(entries)
+        self._write(entries, sync=sync)
         if any(e >= epoch for e, _ in removed):
             log.warning(
                 "leader epoch %d at offset %d replaced %d cached epochs", epoch, start_offset, len(removed)
@@ -107,16 +115,17 @@ class LeaderEpochFileCache:
             "rebuilt leader epoch checkpoint", extra={"file": str(self._file.path), "epochs": len(entries)}
         )
 
-    def _write(self, entries: list[tuple[int, int]]) -> None:
+    def _write(self, entries: list[tuple[int, int]], *, sync: bool = True) -> None:
         """Write ``entries``, then make them the cache's: a failed write leaves the cache as it was.
         A pending truncation from the start is written with them."""
         with self._write_lock:
-            self._file.write(entries)
+            self._file.write(entries, sync=sync)
             self._entries = entries
-            self._dirty = False
+            self._dirty = not sync
 
     def flush(self) -> None:
-        """Write truncations from the start made since the last write (call off the event loop)."""
+        """Write and sync what is not yet on disk: truncations from the start and epochs assigned
+        without ``sync`` since the last synced write (call off the event loop)."""
         if not self._dirty:
             return
         with self._write_lock:

@@ -354,7 +354,7 @@ class UnifiedLog:
             self.roll()
         latest_epoch = self.leader_epoch_cache.latest_epoch
         if leader_epoch >= 0 and (latest_epoch is None or leader_epoch > latest_epoch):
-            self.leader_epoch_cache.assign(leader_epoch, first_offset)
+            self.leader_epoch_cache.assign(leader_epoch, first_offset, sync=False)
         self._local.append(view if writable else parts, assigned)
         state = self.producer_state
         for header in assigned:
@@ -445,8 +445,9 @@ class UnifiedLog:
             latest = cache.latest_epoch
             epoch = header.partition_leader_epoch
             if epoch >= 0 and (latest is None or epoch > latest):
-                # The follower's epoch cache mirrors the leader's: epochs start where their batches do.
-                cache.assign(epoch, header.base_offset)
+                # The follower's epoch cache mirrors the leader's: epochs start where their batches
+                # do. Synced by the log's next flush, before its recovery point passes the batch.
+                cache.assign(epoch, header.base_offset, sync=False)
         self._local.append(data, headers)
         state = self.producer_state
         for header in headers:
@@ -480,8 +481,14 @@ class UnifiedLog:
     @_log_dir_io
     def flush(self, up_to: int | None = None) -> None:
         """fsync everything below ``up_to`` (default: the log end) and advance the recovery point.
-        Safe on a worker thread while the event loop appends (see LocalLog.flush)."""
-        self._local.flush(up_to)
+        Safe on a worker thread while the event loop appends (see LocalLog.flush). The epochs of
+        the batches below the target, assigned before it is read, are synced first: the recovery
+        point never passes a batch whose epoch a crash could lose."""
+        log_end = self.log_end_offset
+        target = log_end if up_to is None else min(up_to, log_end)
+        if target > self._local.recovery_point and not self.closed:
+            self.leader_epoch_cache.flush()
+        self._local.flush(target)
 
     # --- reading ----------------------------------------------------------------------
 

@@ -3,7 +3,10 @@ after it must not bring back an epoch the truncation removed."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from strom.storage import LogConfig, UnifiedLog
 from strom.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochCheckpointFile
@@ -44,5 +47,51 @@ def test_a_full_truncation_is_written_before_the_next_append(tmp_path: Path) -> 
     reopened = UnifiedLog.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=False)
     assert reopened.leader_epoch_cache.entries == []
     assert reopened.end_offset_for_epoch(2) == (-1, -1)
+    reopened.close()
+    log.close()
+
+
+def test_a_new_epoch_from_an_append_is_synced_by_the_flush_before_the_recovery_point_passes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 18: after a failover every follower partition meets its leader's new epoch at once;
+    # an fsync of its checkpoint on the way (file and directory) was most of a failover's time.
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
+    checkpoint = LeaderEpochCheckpointFile(log.dir / LEADER_EPOCH_CHECKPOINT)
+    log.append_as_follower(leader_batch(0, 10, 1))
+    log.flush()
+    assert checkpoint.read() == [(1, 0)] and log.recovery_point == 10
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    log.append_as_follower(leader_batch(10, 10, 3))
+    assert synced == []  # written, not synced
+    assert checkpoint.read() == [(1, 0), (3, 10)]
+    log.flush()
+    # The checkpoint is synced before the segment, so the recovery point (20) never passes a
+    # batch whose epoch a crash could lose.
+    assert synced[0].endswith(LEADER_EPOCH_CHECKPOINT + ".tmp"), synced
+    assert any(path.endswith(".log") for path in synced[1:]), synced
+    assert log.recovery_point == 20
+    log.close()
+
+
+def test_an_unsynced_epoch_lost_in_a_crash_is_assigned_again_by_recovery(tmp_path: Path) -> None:
+    log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
+    checkpoint = LeaderEpochCheckpointFile(log.dir / LEADER_EPOCH_CHECKPOINT)
+    log.append_as_follower(leader_batch(0, 10, 1))
+    log.flush()
+    log.append_as_follower(leader_batch(10, 10, 3))
+    # Killed before the next flush: the checkpoint may come back as it was last synced.
+    checkpoint.write([(1, 0)])
+    reopened = UnifiedLog.open(tmp_path / "t-0", LogConfig(), recovery_point=10, had_clean_shutdown=False)
+    assert reopened.log_end_offset == 20
+    assert reopened.leader_epoch_cache.entries == [(1, 0), (3, 10)]
+    assert reopened.end_offset_for_epoch(1) == (1, 10)
     reopened.close()
     log.close()
