@@ -9,7 +9,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from cluster_harness import Cluster
-from kafka_wire import LATEST, KafkaWire
+from kafka_wire import LATEST, KafkaWire, produce_request
 from strom.records.codec import RecordSpec, encode_batch
 
 pytestmark = pytest.mark.cluster
@@ -51,3 +51,32 @@ def test_two_replicas_down(cluster: Cluster) -> None:
         cluster.wait_for(lambda: wire.list_offset(TOPIC, LATEST) == 2, "the HW past the acks=1 record")
         assert wire.produce(TOPIC, batch(b"again"), acks=-1).error_code == ErrorCode.none
         assert wire.list_offset(TOPIC, LATEST) == 3
+
+
+def test_requests_behind_a_waiting_acks_all_produce_are_served_and_answered_in_order(cluster: Cluster) -> None:
+    """An acks=all produce waiting for its followers does not hold back the connection's next
+    requests (librdkafka sends one produce request per partition): they are appended meanwhile,
+    and the answers still come in request order."""
+    topic = "pipelined"
+    cluster.create_topic(topic, assignments={0: [1, 2, 3], 1: [1, 2, 3]}, configs={"min.insync.replicas": "2"})
+    cluster.wait_for_full_isr(topic, [0, 1])
+    assert cluster.wait_for_leader(topic, 0).leader == cluster.wait_for_leader(topic, 1).leader == 1
+    with KafkaWire.connect(cluster.address(1)) as wire:
+        for n in (2, 3):
+            cluster.pause(n)  # briefly: well within replica.lag.time.max.ms and the ZooKeeper session
+        try:
+            waiting = produce_request(topic, {0: batch(b"waits")}, acks=-1)
+            behind = produce_request(topic, {1: batch(b"behind")}, acks=1)
+            first, second = wire.send(waiting), wire.send(behind)
+            cluster.wait_for(
+                lambda: cluster.replica_log(1, topic, 1) == {0: b"behind"},
+                "the produce behind the waiting one appended",
+                timeout=5,
+            )
+        finally:
+            for n in (2, 3):
+                cluster.resume(n)
+        answered = wire.receive(type(waiting), first)  # receive checks the correlation id: in order
+        assert answered.responses[0].partition_responses[0].error_code == ErrorCode.none
+        answered = wire.receive(type(behind), second)
+        assert answered.responses[0].partition_responses[0].error_code == ErrorCode.none

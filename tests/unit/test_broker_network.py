@@ -192,3 +192,67 @@ def test_bytes_of_an_unfinished_request_are_not_activity() -> None:
         a.close()
 
     asyncio.run(run())
+
+
+def frame(tag: bytes) -> bytes:
+    return struct.pack(">i", len(tag)) + tag
+
+
+def test_a_request_waiting_in_purgatory_lets_the_next_ones_in_and_responses_keep_their_order() -> None:
+    """An acks=all produce answers with a task once appended: the requests behind it are handled
+    while it waits for its followers, and every response still leaves in request order."""
+
+    async def run() -> None:
+        shared = limits(memory=1 << 20)  # queued.max.requests 4
+        replicated: dict[bytes, asyncio.Future[None]] = {}
+        handled: list[bytes] = []
+
+        async def handle(_conn: KafkaConnection, request: memoryview) -> network.Response:
+            tag = bytes(request)
+            handled.append(tag)
+            if not tag.startswith(b"wait"):
+                return [b"re:" + tag]
+            future = replicated[tag] = asyncio.get_running_loop().create_future()
+
+            async def when_replicated() -> list[bytes] | None:
+                await future
+                return [b"re:" + tag]
+
+            return asyncio.get_running_loop().create_task(when_replicated())
+
+        connection = KafkaConnection(handle, shared)
+        transport = FakeTransport("10.0.0.1")
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        connection.data_received(frame(b"wait-1") + frame(b"meta") + frame(b"wait-2") + frame(b"meta-2"))
+        await asyncio.sleep(0.01)
+        # All four handled though the first still waits; nothing answered before it.
+        assert handled == [b"wait-1", b"meta", b"wait-2", b"meta-2"]
+        assert transport.written == [] and connection.idle_since(1e12) == 0.0
+        replicated[b"wait-2"].set_result(None)
+        await asyncio.sleep(0.01)
+        assert transport.written == []  # wait-2 is done, but wait-1 is answered first
+        replicated[b"wait-1"].set_result(None)
+        await asyncio.sleep(0.01)
+        assert transport.written == [b"re:wait-1", b"re:meta", b"re:wait-2", b"re:meta-2"]
+        assert shared.memory.used == 0  # each request's bytes released once answered
+
+        # At most queued.max.requests responses wait: the fifth request is not handled until one
+        # of them is written.
+        handled.clear()
+        transport.written.clear()
+        connection.data_received(b"".join(frame(b"wait-%d" % i) for i in range(3, 9)))
+        await asyncio.sleep(0.01)
+        assert handled == [b"wait-3", b"wait-4", b"wait-5", b"wait-6"]
+        replicated[b"wait-3"].set_result(None)
+        await asyncio.sleep(0.01)
+        assert transport.written == [b"re:wait-3"] and handled[-1] == b"wait-7"
+
+        # A closed connection cancels what still waits.
+        waiting = [f for tag, f in replicated.items() if not f.done()]
+        connection.connection_lost(None)
+        await asyncio.sleep(0.01)
+        assert shared.memory.used == 0
+        assert waiting and all(f.cancelled() for f in waiting)  # their waits were cancelled
+        assert len(transport.written) == 1
+
+    asyncio.run(run())

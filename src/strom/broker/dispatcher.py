@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from strom.broker.network import CloseConnection, KafkaConnection
+from strom.broker.network import CloseConnection, KafkaConnection, Response
 from strom.protocol.apis import REJECTED_VERSIONS, SUPPORTED_VERSIONS, ApiKey, request_entity, response_module
 from strom.protocol.errors import ErrorCode
 from strom.protocol.framing import (
@@ -66,6 +66,16 @@ class RequestContext:
         return response_module(self.header.api_key, self.header.api_version)
 
 
+@dataclass(slots=True)
+class DelayedResponse:
+    """A handler's answer that waits in purgatory (Kafka's DelayedOperation): ``completion``
+    gives the response once the wait is over. The handler's work that must keep request order
+    (an append) is done before it returns this, so the connection takes its next request while
+    ``completion`` waits (see strom.broker.network)."""
+
+    completion: Coroutine[Any, Any, Any]
+
+
 Handler = Callable[[RequestContext, Any], Awaitable[Any | None]]
 
 
@@ -91,7 +101,7 @@ class RequestDispatcher:
         self._broker = broker
         self._handlers = handlers
 
-    async def handle(self, connection: KafkaConnection, frame: memoryview) -> list[bytes] | None:
+    async def handle(self, connection: KafkaConnection, frame: memoryview) -> Response:
         try:
             api_key, version, correlation_id = peek_api(frame)
         except ProtocolError as exc:
@@ -126,4 +136,13 @@ class RequestDispatcher:
         response = await handler(RequestContext(header, self._broker, connection), request)
         if response is None:
             return None
+        if isinstance(response, DelayedResponse):
+            return asyncio.get_running_loop().create_task(_encode_when_complete(header, response.completion))
         return encode_response_parts(header, response)
+
+
+async def _encode_when_complete(
+    header: RequestHeader, completion: Coroutine[Any, Any, Any]
+) -> list[bytes] | None:
+    response = await completion
+    return None if response is None else encode_response_parts(header, response)

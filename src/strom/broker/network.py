@@ -1,10 +1,17 @@
 """The network layer: one asyncio protocol per client connection, and the limits they share.
 
 Frames are cut from the byte stream by ``FrameDecoder`` as bytes arrive (a buffer
-grows only with the bytes received) and handled strictly one at a time per
-connection, so responses leave in request order (Kafka mutes a channel while its
-request is in flight for the same reason). Anything that is not a well-formed
-request costs the sender its connection and nothing else.
+grows only with the bytes received) and handled one at a time per connection, so requests
+take effect in the order they were sent and responses leave in that order (Kafka mutes a
+channel while its request is in flight for the same reason). One departure from Kafka: a
+request whose handler has done its work and only waits in purgatory -- an acks=all produce,
+appended and waiting for its followers -- answers with a task (``asyncio.Task``), and the
+connection goes on with its next request while that waits; the responses still leave in
+request order. librdkafka sends a produce request per partition, so with a muted channel a
+connection producing to a thousand partitions could send at most one acks=all request per
+replication round trip, and its records queued for seconds. At most ``queued.max.requests``
+responses wait so. Anything that is not a well-formed request costs the sender its
+connection and nothing else.
 
 Memory is bounded by bytes, broker-wide: ``RequestMemory`` counts every byte of a
 request from its arrival until its response is written (``queued.max.request.bytes``);
@@ -42,7 +49,10 @@ class CloseConnection(Exception):
 
 # A request's response frame comes in parts (protocol.framing.encode_response_parts), written
 # with one writelines: a fetch's records are not copied into one frame first.
-RequestHandler = Callable[["KafkaConnection", memoryview], Awaitable[list[bytes] | None]]
+# A request's response: its parts, None (no response: acks=0), or a task that waits in
+# purgatory and then gives them.
+Response = list[bytes] | None | asyncio.Task[list[bytes] | None]
+RequestHandler = Callable[["KafkaConnection", memoryview], Awaitable[Response]]
 
 # While request memory is exhausted and held only by requests still arriving, the request let
 # through must receive MIN_PROGRESS_RATE bytes a second in every window of PROGRESS_WINDOW_S (or
@@ -211,6 +221,11 @@ class KafkaConnection(asyncio.Protocol):
         self._can_write.set()
         self._task: asyncio.Task[None] | None = None
         self._in_flight: memoryview | None = None
+        # Responses behind one that waits in purgatory, in request order (with the size of their
+        # request), and the task that writes them as they complete.
+        self._pending: deque[tuple[int, Response]] = deque()
+        self._pending_writer: asyncio.Task[None] | None = None
+        self._pending_room = asyncio.Event()
         self._ip: str | None = None  # set once admitted by the connection quotas
         # What holds state for this connection and lets it go when it closes (fetch sessions).
         self._on_close: dict[object, Callable[[], None]] = {}
@@ -273,6 +288,12 @@ class KafkaConnection(asyncio.Protocol):
         self._release_all()
         if self._task is not None:
             self._task.cancel()
+        if self._pending_writer is not None:
+            self._pending_writer.cancel()
+        for _, response in self._pending:
+            if isinstance(response, asyncio.Task):
+                response.cancel()
+        self._pending.clear()
 
     def pause_writing(self) -> None:
         self._can_write.clear()
@@ -307,13 +328,17 @@ class KafkaConnection(asyncio.Protocol):
                     continue
                 frame = self._in_flight = self._queue.popleft()
                 response = await self._handle(self, frame)
+                size = len(frame) + 4
+                if isinstance(response, asyncio.Task) or self._pending:
+                    # It waits in purgatory, or is behind one that does: written in order.
+                    self._in_flight = None
+                    await self._write_after_pending(size, response)
+                    continue
                 if response is not None and self._transport is not None:
                     self._transport.writelines(response)
                     await self._can_write.wait()
                 self._in_flight = None
-                self._release(len(frame) + 4, len(frame) + 4)
-                self.last_active = time.monotonic()
-                self.update_reading()
+                self._responded(size)
         except CloseConnection as exc:
             log.info("closing connection", extra={"peer": self.peer, "reason": str(exc)})
             self.close()
@@ -322,6 +347,47 @@ class KafkaConnection(asyncio.Protocol):
         except Exception:
             log.exception("closing connection after an unexpected error", extra={"peer": self.peer})
             self.close()
+
+    def _responded(self, size: int) -> None:
+        """The response to a request of ``size`` bytes is written (or none was due)."""
+        self._release(size, size)
+        self.last_active = time.monotonic()
+        self.update_reading()
+
+    async def _write_after_pending(self, size: int, response: Response) -> None:
+        """Queue ``response`` behind the pending ones; while ``queued.max.requests`` wait, the
+        connection takes no further request."""
+        self._pending.append((size, response))
+        if self._pending_writer is None:
+            self._pending_writer = asyncio.get_running_loop().create_task(self._write_pending())
+        while len(self._pending) >= self._limits.queued_max_requests and self._transport is not None:
+            self._pending_room.clear()
+            await self._pending_room.wait()
+
+    async def _write_pending(self) -> None:
+        """Write the pending responses in request order, each once it is complete."""
+        try:
+            while self._pending and self._transport is not None:
+                size, response = self._pending[0]
+                if isinstance(response, asyncio.Task):
+                    response = await response
+                if response is not None and self._transport is not None:
+                    self._transport.writelines(response)
+                    await self._can_write.wait()
+                self._pending.popleft()
+                self._responded(size)
+                self._pending_room.set()
+        except CloseConnection as exc:
+            log.info("closing connection", extra={"peer": self.peer, "reason": str(exc)})
+            self.close()
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("closing connection after an unexpected error", extra={"peer": self.peer})
+            self.close()
+        finally:
+            self._pending_writer = None
+            self._pending_room.set()
 
     def _release(self, nbytes: int, answerable: int) -> None:
         nbytes = min(nbytes, self._held)
@@ -354,7 +420,7 @@ class KafkaConnection(asyncio.Protocol):
     def idle_since(self, now: float) -> float:
         """Seconds since the last whole request or response; 0 while a request is being served
         (a long-poll fetch is not idle). A request still arriving does not count."""
-        return 0.0 if self._in_flight is not None or self._queue else now - self.last_active
+        return 0.0 if self._in_flight is not None or self._queue or self._pending else now - self.last_active
 
     def close(self) -> None:
         if self._transport is not None:

@@ -776,15 +776,22 @@ class ReplicaManager:
         # ``append`` (a delayed produce) until the HW passes each last offset.
         return results
 
+    def delays_produce(self, required_acks: int) -> bool:
+        """Whether a produce with ``required_acks`` waits for replication (acks=-1 in a cluster)."""
+        return required_acks == -1 and self.link is not None
+
     async def append(
         self,
         required_acks: int,
         entries: list[tuple[TopicPartition, bytes | None]],
         timeout_ms: int | None = None,
+        *,
+        await_replication: bool = True,
     ) -> dict[TopicPartition, ProduceResult]:
         """``append_records_async``, then the fsyncs that flush.messages asks for, off the event
         loop, before the caller acknowledges (a failed fsync answers KAFKA_STORAGE_ERROR); then,
-        for acks=-1 in a cluster, the wait for the ISR (``timeout_ms``: the request's timeout)."""
+        when ``delays_produce``, the wait for the ISR (``timeout_ms``: the request's timeout),
+        unless the caller waits itself (``await_replication`` False: ``await_replication``)."""
         results = await self.append_records_async(required_acks, entries)
         due = [
             (tp, partition)
@@ -803,11 +810,11 @@ class ReplicaManager:
                 if isinstance(outcome, BaseException):
                     log.error("flush failed", extra={"partition": str(tp), "error": str(outcome)})
                     results[tp] = ProduceResult(ErrorCode.kafka_storage_error, error_message=str(outcome))
-        if required_acks == -1 and self.link is not None:
-            await self._await_replication(results, timeout_ms)
+        if await_replication and self.delays_produce(required_acks):
+            await self.await_replication(results, timeout_ms)
         return results
 
-    async def _await_replication(
+    async def await_replication(
         self, results: dict[TopicPartition, ProduceResult], timeout_ms: int | None
     ) -> None:
         """Kafka's DelayedProduce: wait until each appended partition's HW passes its last offset."""

@@ -2,7 +2,9 @@
 
 The handler never looks inside a batch: the log validates every record (on a worker
 thread when that may take long) and assigns offsets. With acks=0 nothing is answered; when such a produce fails the
-connection is closed, which is the producer's only signal (as in Kafka).
+connection is closed, which is the producer's only signal (as in Kafka). An acks=all produce in
+a cluster is answered with a DelayedResponse once appended: it waits for the ISR while the
+connection takes its next request.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from strom.broker.dispatcher import RequestContext
+from strom.broker.dispatcher import DelayedResponse, RequestContext
 from strom.broker.handlers.fetch import leader_hints, node_endpoints
 from strom.broker.network import CloseConnection
 from strom.broker.partition import TopicPartition
@@ -65,13 +67,40 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 entries.append((tp, data.records))
         order.append((topic_id or ZERO_UUID if by_id else name, tps))
 
-    results = await broker.replica_manager.append(acks, entries, to_ms(request.timeout)) if entries else {}
+    replica_manager = broker.replica_manager
+    delayed = bool(entries) and replica_manager.delays_produce(acks)
+    results = (
+        await replica_manager.append(acks, entries, to_ms(request.timeout), await_replication=not delayed)
+        if entries
+        else {}
+    )
     results.update(early)
     if acks == 0:
         if any(result.error != ErrorCode.none for result in results.values()):
             raise CloseConnection("acks=0 produce failed")
         return None
+    if delayed:
+        # Appended: the wait for the ISR lets the connection take its next request meanwhile.
+        return DelayedResponse(_respond_when_replicated(ctx, request, results, order))
+    return _produce_response(ctx, results, order)
 
+
+async def _respond_when_replicated(
+    ctx: RequestContext,
+    request: Any,
+    results: dict[TopicPartition, ProduceResult],
+    order: list[tuple[Any, list[TopicPartition]]],
+) -> Any:
+    await ctx.broker.replica_manager.await_replication(results, to_ms(request.timeout))
+    return _produce_response(ctx, results, order)
+
+
+def _produce_response(
+    ctx: RequestContext,
+    results: dict[TopicPartition, ProduceResult],
+    order: list[tuple[Any, list[TopicPartition]]],
+) -> Any:
+    broker = ctx.broker
     r = ctx.response
     hints = leader_hints(
         broker.replica_manager,
