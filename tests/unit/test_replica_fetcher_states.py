@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import pytest
@@ -62,7 +62,9 @@ class FakeLeader:
             raise ConnectionError("connection to the leader lost")
 
     async def fetch(
-        self, partitions: Mapping[TopicPartition, FetchPartition]
+        self,
+        partitions: Mapping[TopicPartition, FetchPartition],
+        changed: Collection[TopicPartition] | None = None,
     ) -> dict[TopicPartition, FetchedPartition]:
         await self._request()
         self.fetches.append(dict(partitions))
@@ -335,8 +337,9 @@ def test_errors_stay_with_their_partition_and_back_off(tmp_path: Path) -> None:
 
         async def misplaced(
             partitions: Mapping[TopicPartition, FetchPartition],
+            changed: Collection[TopicPartition] | None = None,
         ) -> dict[TopicPartition, FetchedPartition]:
-            answers = await real_fetch(partitions)
+            answers = await real_fetch(partitions, changed)
             damaged = bytearray(answers[TP].records or b"")
             damaged[-1] ^= 0xFF
             answers[TP] = FetchedPartition(ErrorCode.none, 3, 0, bytes(damaged))
@@ -389,8 +392,9 @@ def test_a_new_leader_epoch_drops_the_answer_in_flight(tmp_path: Path) -> None:
 
         async def re_added_meanwhile(
             partitions: Mapping[TopicPartition, FetchPartition],
+            changed: Collection[TopicPartition] | None = None,
         ) -> dict[TopicPartition, FetchedPartition]:
-            answers = await real_fetch(partitions)
+            answers = await real_fetch(partitions, changed)
             fetcher.add_partition(TP, TOPIC_ID, 1)
             return answers
 
@@ -500,3 +504,50 @@ def test_the_fetcher_does_not_import_the_replica_manager() -> None:
         }
         assert not {name for name in imported if name and name.startswith("strom.broker.replica_manager")}
         assert "strom.broker.server" not in imported
+
+
+def test_a_round_rebuilds_only_the_partitions_that_changed(tmp_path: Path) -> None:
+    """Issue 18: with many partitions followed, a fetch round looks only at the partitions whose
+    request may have changed (here: the one appended to), not at every one."""
+
+    class SessionLeader(FakeLeader):
+        """Answers only partitions with records, as an incremental fetch session does."""
+
+        def __init__(self, leader_id: int, partitions: dict[TopicPartition, Partition]) -> None:
+            super().__init__(leader_id, partitions)
+            self.changed: list[set[TopicPartition] | None] = []
+
+        async def fetch(
+            self,
+            partitions: Mapping[TopicPartition, FetchPartition],
+            changed: Collection[TopicPartition] | None = None,
+        ) -> dict[TopicPartition, FetchedPartition]:
+            self.changed.append(None if changed is None else set(changed))
+            answers = await super().fetch(partitions, changed)
+            return {tp: a for tp, a in answers.items() if a.records or a.error != ErrorCode.none}
+
+    async def run() -> None:
+        tps = [TopicPartition("t", p) for p in range(200)]
+        leaders = {tp: leader_partition(tmp_path, tp, [(0, 1)]) for tp in tps}
+        followers = {tp: open_partition(tmp_path, tp, 2, []) for tp in tps}
+        endpoint = SessionLeader(1, leaders)
+        fetcher = new_fetcher(followers, endpoint)
+        for tp in tps:
+            fetcher.add_partition(tp, TOPIC_ID, 0)
+            fetcher.partitions[tp].fetching_at(0)
+        await fetcher.do_work()
+        assert endpoint.changed[-1] == set(tps)  # the first round: every partition is new
+        assert all(f.log_end_offset == 1 for f in followers.values())
+        await fetcher.do_work()  # the answered partitions ask from their new log end
+        assert endpoint.changed[-1] == set(tps)
+        await fetcher.do_work()  # nothing answered, nothing changed
+        assert endpoint.changed[-1] == set()
+        leaders[tps[42]].log.append_as_leader(make_batch(1), 0)
+        await fetcher.do_work()
+        assert endpoint.changed[-1] == set() and followers[tps[42]].log_end_offset == 2
+        await fetcher.do_work()
+        assert endpoint.changed[-1] == {tps[42]}
+        for partition in (*leaders.values(), *followers.values()):
+            partition.log.close()
+
+    asyncio.run(run())

@@ -15,7 +15,7 @@ import errno
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,11 +82,14 @@ class LeaderEndPoint(Protocol):
     def leader_id(self) -> int: ...
 
     async def fetch(
-        self, partitions: Mapping[TopicPartition, FetchPartition]
+        self,
+        partitions: Mapping[TopicPartition, FetchPartition],
+        changed: Collection[TopicPartition] | None = None,
     ) -> dict[TopicPartition, FetchedPartition]:
         """Fetch ``partitions``; the answer holds those with news (an incremental fetch session
-        leaves out the rest). Raises when the request fails as a whole; a session the leader lost
-        is an empty answer (the next fetch opens a new one)."""
+        leaves out the rest). ``changed``: the partitions whose request may differ from the last
+        fetch's (added, changed or gone), None for all of them. Raises when the request fails as
+        a whole; a session the leader lost is an empty answer (the next fetch opens a new one)."""
         ...
 
     def reset_session(self) -> None:
@@ -173,6 +176,12 @@ class RemoteLeaderEndPoint:
         self._wanted_local_host: str | None = None
         self._session: FetchSessionHandler[SessionPartition, FetchPartition] = FetchSessionHandler()
         self._session_uses_topic_ids = True
+        # The partitions of the last fetch by session key, each partition's key, and topic names
+        # by id, kept up to date from what changed (a topic deleted and created again under its
+        # name is another partition: keyed with its id).
+        self._wanted: dict[SessionPartition, FetchPartition] = {}
+        self._key_of: dict[TopicPartition, SessionPartition] = {}
+        self._names: dict[uuid.UUID, str] = {}
 
     @property
     def leader_id(self) -> int:
@@ -251,10 +260,43 @@ class RemoteLeaderEndPoint:
 
     # -- Fetch ----------------------------------------------------------------------------------
 
+    def _update_wanted(
+        self, partitions: Mapping[TopicPartition, FetchPartition], changed: Collection[TopicPartition] | None
+    ) -> list[SessionPartition] | None:
+        """Bring the keyed partitions up to date; the session keys that changed (None: all)."""
+        if changed is None:
+            self._wanted = {(tp, data.topic_id): data for tp, data in partitions.items()}
+            self._key_of = {key[0]: key for key in self._wanted}
+            self._names = {data.topic_id: tp.topic for tp, data in partitions.items()}
+            return None
+        keys: list[SessionPartition] = []
+        for tp in changed:
+            old = self._key_of.pop(tp, None)
+            if old is not None:
+                del self._wanted[old]
+                keys.append(old)
+            data = partitions.get(tp)
+            if data is not None:
+                key = (tp, data.topic_id)
+                self._wanted[key] = data
+                self._key_of[tp] = key
+                self._names[data.topic_id] = tp.topic
+                if key != old:
+                    keys.append(key)
+        return keys
+
     async def fetch(
-        self, partitions: Mapping[TopicPartition, FetchPartition]
+        self,
+        partitions: Mapping[TopicPartition, FetchPartition],
+        changed: Collection[TopicPartition] | None = None,
     ) -> dict[TopicPartition, FetchedPartition]:
-        connection = await self._connect()
+        changed_keys = self._update_wanted(partitions, changed)
+        try:
+            connection = await self._connect()
+        except BaseException:
+            # The session did not see this fetch's changes: the next fetch is a full one.
+            self._session.handle_error()
+            raise
         settings = self._settings()
         version = connection.version(ApiKey.FETCH, FETCH_MAX_VERSION, FETCH_MIN_VERSION)
         module = request_module(ApiKey.FETCH, version)
@@ -264,9 +306,7 @@ class RemoteLeaderEndPoint:
             # A session is tied to whether it names topics by id: a new version needs a new one.
             session.close_existing()
             self._session_uses_topic_ids = by_id
-        # A topic deleted and created again under its name is another partition: keyed with its id.
-        wanted = {(tp, data.topic_id): data for tp, data in partitions.items()}
-        next_fetch = session.build(wanted)
+        next_fetch = session.build(self._wanted, changed_keys)
         by_topic: dict[tuple[str, uuid.UUID], list[Any]] = defaultdict(list)
         fetch_partition = module.FetchPartition
         partition_max_bytes = settings.replica_fetch_max_bytes
@@ -317,9 +357,7 @@ class RemoteLeaderEndPoint:
                 log.info("fetch session reset", extra={"leader": self._leader_id, "error": error.name})
                 return {}
             raise ConnectionError(f"fetch from broker {self._leader_id} failed: {error.name}")
-        # Topic names by id, only when something came back (an idle fetch of many partitions
-        # answers with nothing).
-        names = {topic_id: tp.topic for tp, topic_id in wanted} if by_id and response.responses else {}
+        names = self._names
         answers: dict[TopicPartition, FetchedPartition] = {}
         for topic in response.responses:
             name = names.get(topic.topic_id) if by_id else topic.topic

@@ -22,6 +22,14 @@ that partition failed (logged once, with its traceback) and the fetcher goes on 
 A failed request (a lost connection, a timeout) backs the whole fetcher off; its first failure in
 a row is logged with the cause. A fetcher left without partitions is shut down (Kafka's
 shutdownIdleFetcherThreads), closing its fetch session on the leader and its connection.
+
+A round costs what changed, not how many partitions are followed (Kafka's buildFetch looks at
+every partition each round; at a few thousand partitions a round of that in Python took longer
+than the replication it served). The fetcher keeps each fetched partition's request between
+rounds and rebuilds only those marked stale: partitions added or removed, answered (appended to,
+truncated, their log start moved), delayed or back from a delay, failed. What no event tells
+the fetcher -- its own log's retention moving the log start offset, a log dir gone offline --
+is caught by a rescan of every partition every ``RESCAN_INTERVAL_S``.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ if TYPE_CHECKING:
     from strom.broker.config import KafkaConfig
 
 log = logging.getLogger(__name__)
+
+# How often a fetcher rebuilds every partition's request (see the module's docstring).
+RESCAN_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +175,16 @@ class ReplicaFetcher:
         self.endpoint = endpoint
         self._backoff_ms = backoff_ms
         self.partitions: dict[TopicPartition, PartitionFetchState] = {}
+        # The next fetch's request of each partition fetched now, with the state it was built
+        # from; the partitions to rebuild before it, those to truncate and those delayed; and
+        # the partitions whose request changed since the last fetch (for its session).
+        self._requests: dict[TopicPartition, FetchPartition] = {}
+        self._request_states: dict[TopicPartition, PartitionFetchState] = {}
+        self._stale: set[TopicPartition] = set()
+        self._truncating: set[TopicPartition] = set()
+        self._delayed: set[TopicPartition] = set()
+        self._unsent: set[TopicPartition] = set()
+        self._rescan_at = 0.0
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # Set when the manager shuts this fetcher down for following nothing any more.
@@ -175,7 +196,12 @@ class ReplicaFetcher:
 
     def add_partition(self, tp: TopicPartition, topic_id: uuid.UUID, leader_epoch: int) -> None:
         self.partitions[tp] = PartitionFetchState(topic_id, leader_epoch)
+        self._stale.add(tp)
         self.wake()
+
+    def remove_partition(self, tp: TopicPartition) -> None:
+        if self.partitions.pop(tp, None) is not None:
+            self._stale.add(tp)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -237,26 +263,82 @@ class ReplicaFetcher:
         """One round (Kafka's doWork): truncate the partitions that are truncating, else fetch the
         ready ones; with none ready, wait for a change or the end of the shortest delay."""
         now = time.monotonic()
-        ready: dict[TopicPartition, PartitionFetchState] = {}
-        truncating: dict[TopicPartition, PartitionFetchState] = {}
-        for tp, state in self.partitions.items():
-            if not state.failed and state.delayed_until <= now:  # is_ready, inlined: per partition
-                ready[tp] = state
-                if state.state is ReplicaState.TRUNCATING:
-                    truncating[tp] = state
-        if not ready:
+        if now >= self._rescan_at:
+            self._stale.update(self.partitions)
+            self._rescan_at = now + RESCAN_INTERVAL_S
+        if self._delayed:
+            over = [tp for tp in self._delayed if (st := self.partitions.get(tp)) is None or st.delayed_until <= now]
+            self._delayed.difference_update(over)
+            self._stale.update(over)
+        if self._stale:
+            self._rebuild(now)
+        if self._truncating:
+            truncating = {tp: self.partitions[tp] for tp in self._truncating}
+            self._truncating.clear()
+            self._stale.update(truncating)  # truncated, fetching, delayed or failed: rebuilt next round
+            await self._truncate(truncating)
+            return
+        if not self._requests:
             self._changed.clear()
-            delays = [state.delayed_until - now for state in self.partitions.values() if not state.failed]
+            if self._stale:
+                return  # changed while this round ran
+            delays = [st.delayed_until - now for tp in self._delayed if (st := self.partitions.get(tp))]
             try:
-                async with asyncio.timeout(min(delays) if delays else None):
+                async with asyncio.timeout(max(0.0, min(delays)) if delays else None):
                     await self._changed.wait()
             except TimeoutError:
                 pass
             return
-        if truncating:
-            await self._truncate(truncating)
-        else:
-            await self._fetch(ready)
+        await self._fetch()
+
+    def _rebuild(self, now: float) -> None:
+        """Rebuild the stale partitions' requests (and drop those not fetched now)."""
+        stale, self._stale = self._stale, set()
+        self._unsent |= stale
+        requests, request_states = self._requests, self._request_states
+        for tp in stale:
+            state = self.partitions.get(tp)
+            fetchable = state is not None and not state.failed
+            if fetchable and state is not None and state.delayed_until > now:
+                self._delayed.add(tp)
+                fetchable = False
+            if fetchable and state is not None and state.state is ReplicaState.TRUNCATING:
+                self._truncating.add(tp)
+                fetchable = False
+            if not fetchable or state is None:
+                requests.pop(tp, None)
+                request_states.pop(tp, None)
+                continue
+            partition = self._current(tp, state)
+            if partition is None:
+                # Offline (its log dir failed with another partition's append) or no longer
+                # followed from here: not ready again before the backoff, or a fetcher left with
+                # nothing to ask would loop on the event loop without ever awaiting, and the broker
+                # would stop answering anyone.
+                self._delay(tp, state)
+                requests.pop(tp, None)
+                request_states.pop(tp, None)
+                continue
+            request = state.request
+            log_ = partition.log
+            if (
+                request is None
+                or request.fetch_offset != log_.log_end_offset
+                or request.log_start_offset != log_.log_start_offset
+            ):
+                # The log moved since (an append, or what the fetcher does not see: a retention or
+                # a truncation on the log's own path): ask from where it ends now.
+                state.fetch_offset = log_.log_end_offset
+                latest = log_.leader_epoch_cache.latest_epoch
+                request = state.request = FetchPartition(
+                    state.topic_id,
+                    state.current_leader_epoch,
+                    state.fetch_offset,
+                    -1 if latest is None else latest,
+                    log_.log_start_offset,
+                )
+            requests[tp] = request
+            request_states[tp] = state
 
     def _current(self, tp: TopicPartition, state: PartitionFetchState) -> Partition | None:
         """The follower partition if ``state`` is still how this fetcher follows it."""
@@ -268,8 +350,9 @@ class ReplicaFetcher:
             return None
         return partition
 
-    def _delay(self, state: PartitionFetchState) -> None:
+    def _delay(self, tp: TopicPartition, state: PartitionFetchState) -> None:
         state.delayed_until = time.monotonic() + self._backoff_ms() / 1000
+        self._stale.add(tp)
 
     def _fail(self, tp: TopicPartition, state: PartitionFetchState, what: str) -> None:
         """Mark ``tp`` failed (Kafka's markPartitionFailed), logged once with the exception being
@@ -284,6 +367,7 @@ class ReplicaFetcher:
             )
             return
         state.failed = True
+        self._stale.add(tp)
         log.error(
             "replica fetcher: partition failed; it is not fetched until its next state",
             exc_info=True,
@@ -298,7 +382,7 @@ class ReplicaFetcher:
         for tp, state in states.items():
             partition = self._current(tp, state)
             if partition is None:
-                self._delay(state)  # see _fetch
+                self._delay(tp, state)  # see _rebuild
                 continue
             latest = partition.log.leader_epoch_cache.latest_epoch
             if latest is None:
@@ -330,7 +414,7 @@ class ReplicaFetcher:
                 "OffsetForLeaderEpoch failed; retrying",
                 extra={"partition": str(tp), "error": answer.error.name},
             )
-            self._delay(state)
+            self._delay(tp, state)
             return
         try:
             offset, done = truncation_offset(partition, answer.leader_epoch, answer.end_offset)
@@ -351,43 +435,16 @@ class ReplicaFetcher:
 
     # -- fetching -------------------------------------------------------------------------------
 
-    async def _fetch(self, states: dict[TopicPartition, PartitionFetchState]) -> None:
+    async def _fetch(self) -> None:
         # What this fetch asks of every partition; the session sends only what changed.
-        wanted: dict[TopicPartition, FetchPartition] = {}
-        for tp, state in states.items():
-            partition = self._current(tp, state)
-            if partition is None:
-                # Offline (its log dir failed with another partition's append) or no longer
-                # followed from here: not ready again before the backoff, or a fetcher left with
-                # nothing to ask would loop on the event loop without ever awaiting, and the broker
-                # would stop answering anyone.
-                self._delay(state)
-                continue
-            request = state.request
-            log_ = partition.log
-            if (
-                request is None
-                or request.fetch_offset != log_.log_end_offset
-                or request.log_start_offset != log_.log_start_offset
-            ):
-                # The log moved since (an append, or what the fetcher does not see: a retention or
-                # a truncation on the log's own path): ask from where it ends now.
-                state.fetch_offset = log_.log_end_offset
-                latest = log_.leader_epoch_cache.latest_epoch
-                request = state.request = FetchPartition(
-                    state.topic_id,
-                    state.current_leader_epoch,
-                    state.fetch_offset,
-                    -1 if latest is None else latest,
-                    log_.log_start_offset,
-                )
-            wanted[tp] = request
-        if not wanted:
-            return
-        answers = await self.endpoint.fetch(wanted)
+        # Only this task changes them (in _rebuild), not while the fetch or an append awaits.
+        wanted, states = self._requests, self._request_states
+        changed, self._unsent = self._unsent, set()
+        answers = await self.endpoint.fetch(wanted, changed)
         out_of_range: list[tuple[TopicPartition, PartitionFetchState]] = []
         for tp, answer in answers.items():
             state = states[tp]
+            self._stale.add(tp)  # its log, or how it is fetched, may change now
             partition = self._current(tp, state)
             if partition is None or partition.log_end_offset != wanted[tp].fetch_offset:
                 # Removed, re-added or truncated since the request: this answer is dropped,
@@ -407,7 +464,7 @@ class ReplicaFetcher:
                 # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, ...: the leader's
                 # view differs from ours; a new partition state will come.
                 log.debug("replica fetch error; retrying", extra={"partition": str(tp), "error": error.name})
-                self._delay(state)
+                self._delay(tp, state)
         for tp, state in out_of_range:
             await self._handle_out_of_range(tp, state)
 
@@ -461,7 +518,7 @@ class ReplicaFetcher:
         leader_start = await self.endpoint.fetch_earliest_offset(tp, state.current_leader_epoch)
         partition = self._current(tp, state)
         if partition is None or leader_end is None or leader_start is None:
-            self._delay(state)
+            self._delay(tp, state)
             return
         try:
             if leader_end < partition.log_end_offset:
@@ -539,7 +596,7 @@ class ReplicaFetcherManager:
     def remove_partitions(self, tps: list[TopicPartition]) -> None:
         for fetcher in self._fetchers.values():
             for tp in tps:
-                fetcher.partitions.pop(tp, None)
+                fetcher.remove_partition(tp)
         if self._idle_check is None and not self._closed:
             self._idle_check = asyncio.get_running_loop().call_soon(self._shutdown_idle_fetchers)
 

@@ -12,7 +12,7 @@ new one. A partition missing from an incremental response has nothing new.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -49,11 +49,16 @@ class FetchSessionHandler(Generic[K, D]):
         # The partitions the broker's session holds, as last sent.
         self._partitions: dict[K, D] = {}
 
-    def build(self, wanted: Mapping[K, D]) -> FetchSessionRequest[K, D]:
+    def build(self, wanted: Mapping[K, D], changed: Collection[K] | None = None) -> FetchSessionRequest[K, D]:
+        """The next Fetch for the partitions ``wanted`` now. ``changed``: the keys whose request
+        may differ from the last fetch's (added, changed or no longer wanted); the others are
+        not compared, so an incremental fetch costs what changed, not the session's size. None
+        compares them all."""
         request: FetchSessionRequest[K, D] = FetchSessionRequest(self.session_id, self.epoch)
         if self.epoch == INITIAL_EPOCH:
             request.to_send = dict(wanted)
-        else:
+            self._partitions = dict(wanted)
+        elif changed is None:
             # Identity first: a fetcher that keeps an unchanged request object skips the comparison.
             sent = self._partitions
             request.to_send = {
@@ -62,7 +67,16 @@ class FetchSessionHandler(Generic[K, D]):
                 if (old := sent.get(key)) is not data and old != data
             }
             request.to_forget = [key for key in self._partitions if key not in wanted]
-        self._partitions = dict(wanted)
+            self._partitions = dict(wanted)
+        else:
+            sent = self._partitions
+            for key in changed:
+                data = wanted.get(key)
+                if data is None:
+                    if sent.pop(key, None) is not None:
+                        request.to_forget.append(key)
+                elif (old := sent.get(key)) is not data and old != data:
+                    request.to_send[key] = sent[key] = data
         return request
 
     def handle_response(self, request: FetchSessionRequest[K, D], error: int, session_id: int) -> bool:
