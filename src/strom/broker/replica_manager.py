@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import socket
@@ -457,7 +458,10 @@ class ReplicaManager:
     async def _make_leaders(self, batch: list[tuple[Partition, PartitionState]]) -> None:
         """Kafka's makeLeaders: every new epoch of the batch is written to its leader epoch
         checkpoint first (all at once, each on its log's I/O executor after any truncation queued
-        there; their fsyncs overlap in the log I/O pool) and only then led."""
+        there) and only then led. Unsynced, as an epoch an append brings: no replica holds a
+        record of an epoch before its leader appends one, and the log's flush syncs the file
+        before its recovery point passes such a record (fsyncing 3,333 of them was most of a
+        10,000-partition failover)."""
         now_ms = self._time_ms()
         new_epochs: list[tuple[Partition, PartitionState]] = []
         for partition, state in batch:
@@ -482,7 +486,11 @@ class ReplicaManager:
             write = None
             if cache.latest_epoch is None or cache.latest_epoch < state.leader_epoch:
                 write = asyncio.wrap_future(
-                    partition.log.io.submit(cache.assign, state.leader_epoch, partition.log.log_end_offset)
+                    partition.log.io.submit(
+                        functools.partial(cache.assign, sync=False),
+                        state.leader_epoch,
+                        partition.log.log_end_offset,
+                    )
                 )
             writes.append((partition, state, write))
         outcomes = await asyncio.gather(*(w for _, _, w in writes if w is not None), return_exceptions=True)

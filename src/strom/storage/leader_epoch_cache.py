@@ -3,12 +3,13 @@
 A truncation from the end is written and synced at once, as Kafka's LeaderEpochFileCache does on
 truncateFromEnd: a follower that truncates, appends in an older epoch and crashes must not
 restart with a removed epoch starting inside the appended records (OffsetForLeaderEpoch would
-then answer with it). So is an epoch a new leader assigns (``assign``). An epoch that an append
-brings (a follower's first batch of its leader's new epoch, or a recovered batch) is written at
-once but synced by ``flush``, which the log calls before its recovery point passes that batch:
-until then a crash recovers the batch and assigns its epoch again, so the file may be stale
-only where the log is recovered. A thousand followers each meeting a new epoch after a failover
-thus cost no fsync on the way to their ISR (one per partition was most of a failover's time).
+then answer with it). A new epoch -- a new leader's, or one an append brings (a follower's first
+batch of its leader's new epoch, a recovered batch) -- is written at once but synced by
+``flush``, which the log calls before its recovery point passes a batch: until then a crash
+recovers the batches and assigns their epochs again, so the file may be stale only where the
+log is recovered, or lack an epoch no batch was written in (which no replica can ask about).
+Kafka syncs each new epoch at once; thousands of partitions changing leader or meeting a new
+epoch after a failover then cost two fsyncs each, most of a failover's time here.
 Truncations from the start are written by ``flush`` too (the log manager's checkpoint job or at
 close), as Kafka does since KAFKA-15046: a stale file then only holds entries below the log
 start offset, which loading the log truncates again. These callers run off the event loop (the
