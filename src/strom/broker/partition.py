@@ -340,16 +340,15 @@ class Partition:
         return info
 
     async def append_records_as_follower(self, records: bytes) -> LogAppendInfo | None:
-        """Append the leader's batches; on the log's I/O executor when they start a new leader
-        epoch (its checkpoint is fsynced) or a truncation is still queued there, else inline."""
+        """Append the leader's batches: inline (a new leader epoch is recorded in memory, and
+        written by the log's next flush), or on the log's I/O executor when a truncation is still
+        queued there."""
         log_ = self.log
         if log_.io.busy:  # a truncation first: the records are checked against the log it leaves
             return await asyncio.wrap_future(log_.io.submit(log_.append_as_follower, records))
         analyzed = log_.analyze_follower_records(records)
         if analyzed is None:
             return None
-        if analyzed.new_leader_epoch:
-            return await asyncio.wrap_future(log_.io.submit(log_.append_analyzed_as_follower, analyzed))
         return log_.append_analyzed_as_follower(analyzed)
 
     def update_follower_high_watermark(self, leader_high_watermark: int) -> None:

@@ -487,7 +487,7 @@ class ReplicaManager:
             if cache.latest_epoch is None or cache.latest_epoch < state.leader_epoch:
                 write = asyncio.wrap_future(
                     partition.log.io.submit(
-                        functools.partial(cache.assign, sync=False),
+                        functools.partial(cache.assign, flush=False),
                         state.leader_epoch,
                         partition.log.log_end_offset,
                     )

@@ -72,31 +72,27 @@ def write_fully(fd: int, content: bytes) -> None:
         written += os.write(fd, view[written:])
 
 
-def write_atomically(path: Path, content: bytes, *, sync: bool = True) -> None:
+def write_atomically(path: Path, content: bytes) -> None:
     """Replace ``path`` with ``content``: the old file stays whole until the new one is on disk.
-    On a failure (a full disk) the temporary file is removed and the OSError raised. Without
-    ``sync`` nothing is fsynced: after a crash the file may be the old one (or unreadable), for
-    the caller to sync later (write it again with ``sync``) before relying on it."""
+    On a failure (a full disk) the temporary file is removed and the OSError raised."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             write_fully(fd, content)
-            if sync:
-                os.fsync(fd)
+            os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if sync:
-        fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _write_lines(path: Path, lines: list[str], *, sync: bool = True) -> None:
+def _write_lines(path: Path, lines: list[str]) -> None:
     body = f"{CHECKPOINT_VERSION}\n{len(lines)}\n" + "".join(line + "\n" for line in lines)
-    write_atomically(path, body.encode(), sync=sync)
+    write_atomically(path, body.encode())
 
 
 def _read_lines(path: Path, fields: int) -> list[list[str]]:
@@ -143,8 +139,8 @@ class LeaderEpochCheckpointFile:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def write(self, entries: list[tuple[int, int]], *, sync: bool = True) -> None:
-        _write_lines(self.path, [f"{epoch} {offset}" for epoch, offset in entries], sync=sync)
+    def write(self, entries: list[tuple[int, int]]) -> None:
+        _write_lines(self.path, [f"{epoch} {offset}" for epoch, offset in entries])
 
     def read(self) -> list[tuple[int, int]]:
         try:

@@ -4,12 +4,13 @@ A truncation from the end is written and synced at once, as Kafka's LeaderEpochF
 truncateFromEnd: a follower that truncates, appends in an older epoch and crashes must not
 restart with a removed epoch starting inside the appended records (OffsetForLeaderEpoch would
 then answer with it). A new epoch -- a new leader's, or one an append brings (a follower's first
-batch of its leader's new epoch, a recovered batch) -- is written at once but synced by
-``flush``, which the log calls before its recovery point passes a batch: until then a crash
-recovers the batches and assigns their epochs again, so the file may be stale only where the
-log is recovered, or lack an epoch no batch was written in (which no replica can ask about).
-Kafka syncs each new epoch at once; thousands of partitions changing leader or meeting a new
-epoch after a failover then cost two fsyncs each, most of a failover's time here.
+batch of its leader's new epoch, a recovered batch) -- is kept in memory and written (and
+synced) by ``flush``, which the log calls before its recovery point passes a batch: until then
+a crash recovers the batches and assigns their epochs again, so the file may be stale only
+where the log is recovered, or lack an epoch no batch was written in (which no replica can ask
+about). Kafka writes and syncs each new epoch at once; thousands of partitions changing leader
+or meeting a new epoch after a failover then cost a file replaced and two fsyncs each, most of
+a failover's time here.
 Truncations from the start are written by ``flush`` too (the log manager's checkpoint job or at
 close), as Kafka does since KAFKA-15046: a stale file then only holds entries below the log
 start offset, which loading the log truncates again. These callers run off the event loop (the
@@ -75,10 +76,10 @@ class LeaderEpochFileCache:
     def earliest_entry(self) -> tuple[int, int] | None:
         return self._entries[0] if self._entries else None
 
-    def assign(self, epoch: int, start_offset: int, *, sync: bool = True) -> None:
+    def assign(self, epoch: int, start_offset: int, *, flush: bool = True) -> None:
         """Record that ``epoch`` starts at ``start_offset``, dropping entries it contradicts.
-        Without ``sync`` (an epoch an appended batch brings) the file is written but synced only
-        by the next ``flush``."""
+        Without ``flush`` (a new epoch, see the module's docstring) the file is written only by
+        the next ``flush``."""
         if epoch < 0 or start_offset < 0:
             raise ValueError(f"invalid leader epoch entry ({epoch}, {start_offset})")
         if self._entries:
@@ -90,7 +91,12 @@ class LeaderEpochFileCache:
             entries.pop()
         removed = self._entries[len(entries) :]
         entries.append((epoch, start_offset))
-        self._write(entries, sync=sync)
+        if flush:
+            self._write(entries)
+        else:
+            with self._write_lock:  # flush may be writing a snapshot of the entries meanwhile
+                self._entries = entries
+                self._dirty = True
         if any(e >= epoch for e, _ in removed):
             log.warning(
                 "leader epoch %d at offset %d replaced %d cached epochs", epoch, start_offset, len(removed)
@@ -116,17 +122,17 @@ class LeaderEpochFileCache:
             "rebuilt leader epoch checkpoint", extra={"file": str(self._file.path), "epochs": len(entries)}
         )
 
-    def _write(self, entries: list[tuple[int, int]], *, sync: bool = True) -> None:
+    def _write(self, entries: list[tuple[int, int]]) -> None:
         """Write ``entries``, then make them the cache's: a failed write leaves the cache as it was.
-        A pending truncation from the start is written with them."""
+        What is pending (see ``flush``) is written with them."""
         with self._write_lock:
-            self._file.write(entries, sync=sync)
+            self._file.write(entries)
             self._entries = entries
-            self._dirty = not sync
+            self._dirty = False
 
     def flush(self) -> None:
-        """Write and sync what is not yet on disk: truncations from the start and epochs assigned
-        without ``sync`` since the last synced write (call off the event loop)."""
+        """Write what is not yet in the file: truncations from the start and epochs assigned
+        without ``flush`` (call off the event loop)."""
         if not self._dirty:
             return
         with self._write_lock:

@@ -233,5 +233,5 @@ class LogLoader:
         epoch = header.partition_leader_epoch
         latest = self.leader_epoch_cache.latest_epoch
         if epoch >= 0 and (latest is None or epoch > latest):
-            # Unsynced: the recovery point stays below this batch until the log's next flush.
-            self.leader_epoch_cache.assign(epoch, header.base_offset, sync=False)
+            # Written by the log's next flush: the recovery point stays below this batch until then.
+            self.leader_epoch_cache.assign(epoch, header.base_offset, flush=False)

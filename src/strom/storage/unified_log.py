@@ -74,8 +74,6 @@ class FollowerRecords:
     data: memoryview
     headers: list[rb.BatchHeader]
     first_offset: int
-    # Appending them records a new leader epoch: a checkpoint write with two fsyncs.
-    new_leader_epoch: bool
 
 
 class InconsistentTopicIdError(KafkaStorageError):
@@ -354,7 +352,7 @@ class UnifiedLog:
             self.roll()
         latest_epoch = self.leader_epoch_cache.latest_epoch
         if leader_epoch >= 0 and (latest_epoch is None or leader_epoch > latest_epoch):
-            self.leader_epoch_cache.assign(leader_epoch, first_offset, sync=False)
+            self.leader_epoch_cache.assign(leader_epoch, first_offset, flush=False)
         self._local.append(view if writable else parts, assigned)
         state = self.producer_state
         for header in assigned:
@@ -384,8 +382,6 @@ class UnifiedLog:
         view = memoryview(records)
         headers: list[rb.BatchHeader] = []
         expected = first_offset = self.log_end_offset
-        latest_epoch = self.leader_epoch_cache.latest_epoch
-        new_leader_epoch = False
         position = 0
         try:
             while len(view) - position >= rb.HEADER_SIZE:
@@ -406,9 +402,6 @@ class UnifiedLog:
                         f"{self.topic}-{self.partition}: the leader's batch starts at offset "
                         f"{header.base_offset}, the log expects {expected}"
                     )
-                epoch = header.partition_leader_epoch
-                if epoch >= 0 and (latest_epoch is None or epoch > latest_epoch):
-                    new_leader_epoch = True
                 headers.append(header)
                 expected = header.next_offset
                 position += header.size
@@ -416,12 +409,11 @@ class UnifiedLog:
             raise CorruptRecordError(f"malformed record batch from the leader: {e}") from e
         if not headers:
             return None
-        return FollowerRecords(view[:position], headers, first_offset, new_leader_epoch)
+        return FollowerRecords(view[:position], headers, first_offset)
 
     @_log_dir_io
     def append_analyzed_as_follower(self, analyzed: FollowerRecords) -> LogAppendInfo:
-        """Append what ``analyze_follower_records`` checked; the log must still end where it did.
-        With ``new_leader_epoch`` it writes the epoch checkpoint: the broker runs it on ``io``."""
+        """Append what ``analyze_follower_records`` checked; the log must still end where it did."""
         self._check_open()
         headers = analyzed.headers
         first_offset = analyzed.first_offset
@@ -446,8 +438,8 @@ class UnifiedLog:
             epoch = header.partition_leader_epoch
             if epoch >= 0 and (latest is None or epoch > latest):
                 # The follower's epoch cache mirrors the leader's: epochs start where their batches
-                # do. Synced by the log's next flush, before its recovery point passes the batch.
-                cache.assign(epoch, header.base_offset, sync=False)
+                # do. Written by the log's next flush, before its recovery point passes the batch.
+                cache.assign(epoch, header.base_offset, flush=False)
         self._local.append(data, headers)
         state = self.producer_state
         for header in headers:
@@ -482,8 +474,8 @@ class UnifiedLog:
     def flush(self, up_to: int | None = None) -> None:
         """fsync everything below ``up_to`` (default: the log end) and advance the recovery point.
         Safe on a worker thread while the event loop appends (see LocalLog.flush). The epochs of
-        the batches below the target, assigned before it is read, are synced first: the recovery
-        point never passes a batch whose epoch a crash could lose."""
+        the batches below the target, assigned before it is read, are written to the checkpoint
+        first: the recovery point never passes a batch whose epoch a crash could lose."""
         log_end = self.log_end_offset
         target = log_end if up_to is None else min(up_to, log_end)
         if target > self._local.recovery_point and not self.closed:

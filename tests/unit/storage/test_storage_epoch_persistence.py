@@ -51,7 +51,7 @@ def test_a_full_truncation_is_written_before_the_next_append(tmp_path: Path) -> 
     log.close()
 
 
-def test_a_new_epoch_from_an_append_is_synced_by_the_flush_before_the_recovery_point_passes_it(
+def test_a_new_epoch_from_an_append_is_written_by_the_flush_before_the_recovery_point_passes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Issue 18: after a failover every follower partition meets its leader's new epoch at once;
@@ -70,25 +70,26 @@ def test_a_new_epoch_from_an_append_is_synced_by_the_flush_before_the_recovery_p
     assert checkpoint.read() == [(1, 0)] and log.recovery_point == 10
     monkeypatch.setattr(os, "fsync", recording_fsync)
     log.append_as_follower(leader_batch(10, 10, 3))
-    assert synced == []  # written, not synced
-    assert checkpoint.read() == [(1, 0), (3, 10)]
+    assert synced == []  # recorded in memory only
+    assert log.leader_epoch_cache.entries == [(1, 0), (3, 10)] and checkpoint.read() == [(1, 0)]
     log.flush()
-    # The checkpoint is synced before the segment, so the recovery point (20) never passes a
-    # batch whose epoch a crash could lose.
+    # The checkpoint is written and synced before the segment, so the recovery point (20) never
+    # passes a batch whose epoch a crash could lose.
+    assert checkpoint.read() == [(1, 0), (3, 10)]
     assert synced[0].endswith(LEADER_EPOCH_CHECKPOINT + ".tmp"), synced
     assert any(path.endswith(".log") for path in synced[1:]), synced
     assert log.recovery_point == 20
     log.close()
 
 
-def test_an_unsynced_epoch_lost_in_a_crash_is_assigned_again_by_recovery(tmp_path: Path) -> None:
+def test_an_epoch_not_yet_written_when_killed_is_assigned_again_by_recovery(tmp_path: Path) -> None:
     log = UnifiedLog.open(tmp_path / "t-0", LogConfig())
     checkpoint = LeaderEpochCheckpointFile(log.dir / LEADER_EPOCH_CHECKPOINT)
     log.append_as_follower(leader_batch(0, 10, 1))
     log.flush()
     log.append_as_follower(leader_batch(10, 10, 3))
-    # Killed before the next flush: the checkpoint may come back as it was last synced.
-    checkpoint.write([(1, 0)])
+    # Killed before the next flush: the checkpoint is as the last flush left it.
+    assert checkpoint.read() == [(1, 0)]
     reopened = UnifiedLog.open(tmp_path / "t-0", LogConfig(), recovery_point=10, had_clean_shutdown=False)
     assert reopened.log_end_offset == 20
     assert reopened.leader_epoch_cache.entries == [(1, 0), (3, 10)]

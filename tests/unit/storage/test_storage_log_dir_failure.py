@@ -111,10 +111,10 @@ def test_log_manager_checkpoint_failure_marks_the_dir_and_skips_its_clean_shutdo
         lg.append_as_leader(make_batch(), 0)
     real_write = checkpoint_module.write_atomically
 
-    def failing_in_bad(path: Path, content: bytes, *, sync: bool = True) -> None:
+    def failing_in_bad(path: Path, content: bytes) -> None:
         if path.parent == bad:
             enospc()
-        real_write(path, content, sync=sync)
+        real_write(path, content)
 
     with caplog.at_level(logging.ERROR):
         monkeypatch.setattr(checkpoint_module, "write_atomically", failing_in_bad)
