@@ -31,10 +31,11 @@ a connection over a limit is closed at once, the newest one, as KIP-402 does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -319,8 +320,23 @@ class KafkaConnection(asyncio.Protocol):
 
     # -- request processing -------------------------------------------------------------------
 
-    async def _process(self) -> None:
+    @contextlib.contextmanager
+    def _closed_on_failure(self) -> Iterator[None]:
+        """A failure of request handling costs the connection, logged once; cancellation (the
+        connection is gone) ends it quietly."""
         try:
+            yield
+        except CloseConnection as exc:
+            log.info("closing connection", extra={"peer": self.peer, "reason": str(exc)})
+            self.close()
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("closing connection after an unexpected error", extra={"peer": self.peer})
+            self.close()
+
+    async def _process(self) -> None:
+        with self._closed_on_failure():
             while self._transport is not None:
                 if not self._queue:
                     self._wakeup.clear()
@@ -339,14 +355,6 @@ class KafkaConnection(asyncio.Protocol):
                     await self._can_write.wait()
                 self._in_flight = None
                 self._responded(size)
-        except CloseConnection as exc:
-            log.info("closing connection", extra={"peer": self.peer, "reason": str(exc)})
-            self.close()
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("closing connection after an unexpected error", extra={"peer": self.peer})
-            self.close()
 
     def _responded(self, size: int) -> None:
         """The response to a request of ``size`` bytes is written (or none was due)."""
@@ -367,24 +375,17 @@ class KafkaConnection(asyncio.Protocol):
     async def _write_pending(self) -> None:
         """Write the pending responses in request order, each once it is complete."""
         try:
-            while self._pending and self._transport is not None:
-                size, response = self._pending[0]
-                if isinstance(response, asyncio.Task):
-                    response = await response
-                if response is not None and self._transport is not None:
-                    self._transport.writelines(response)
-                    await self._can_write.wait()
-                self._pending.popleft()
-                self._responded(size)
-                self._pending_room.set()
-        except CloseConnection as exc:
-            log.info("closing connection", extra={"peer": self.peer, "reason": str(exc)})
-            self.close()
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("closing connection after an unexpected error", extra={"peer": self.peer})
-            self.close()
+            with self._closed_on_failure():
+                while self._pending and self._transport is not None:
+                    size, response = self._pending[0]
+                    if isinstance(response, asyncio.Task):
+                        response = await response
+                    if response is not None and self._transport is not None:
+                        self._transport.writelines(response)
+                        await self._can_write.wait()
+                    self._pending.popleft()
+                    self._responded(size)
+                    self._pending_room.set()
         finally:
             self._pending_writer = None
             self._pending_room.set()
