@@ -298,14 +298,15 @@ class ReplicaFetcher:
         requests, request_states = self._requests, self._request_states
         for tp in stale:
             state = self.partitions.get(tp)
-            fetchable = state is not None and not state.failed
-            if fetchable and state is not None and state.delayed_until > now:
+            if state is None or state.failed:
+                state = None
+            elif state.delayed_until > now:
                 self._delayed.add(tp)
-                fetchable = False
-            if fetchable and state is not None and state.state is ReplicaState.TRUNCATING:
+                state = None
+            elif state.state is ReplicaState.TRUNCATING:
                 self._truncating.add(tp)
-                fetchable = False
-            if not fetchable or state is None:
+                state = None
+            if state is None:  # not fetched this round
                 requests.pop(tp, None)
                 request_states.pop(tp, None)
                 continue
