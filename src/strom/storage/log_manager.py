@@ -32,6 +32,7 @@ from strom.storage.checkpoint import (
     deferred_dir_syncs,
     fsync_dir,
     sync_dir_now,
+    sync_paths,
 )
 from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner
 from strom.storage.errors import KafkaStorageError, StorageError
@@ -295,9 +296,10 @@ class LogManager:
         ``register_logs`` on it). If one fails, those created here are deleted again and
         KafkaStorageError is raised.
 
-        A few threads create them: each log costs three fsyncs (partition.metadata, the leader
-        epoch checkpoint, then its directory once for both), which the file system commits
-        together when they overlap; the log dirs holding the new directories are synced once.
+        A few threads create the files; durability is then batched over all the logs rather than
+        paid per log: the partition.metadata files are synced, renamed into place, and the new
+        directories synced (``sync_paths``: one syncfs per file system for a large batch). A new
+        leader's first epoch stays in memory until the log's first flush, as every new epoch.
         """
         if not specs:
             return []
@@ -307,40 +309,48 @@ class LogManager:
         failure = next((f.exception() for f in futures if f.exception() is not None), None)
         if failure is None:
             try:
-                for log_dir in {spec.log_dir for spec in specs}:
-                    sync_dir_now(log_dir)  # the new log directories' entries
+                created = [(log_, new) for log_, new in opened if new]
+                with_id = [log_ for log_, _ in created if log_.topic_id is not None]
+                sync_paths([PartitionMetadataFile(log_.dir / PARTITION_METADATA).pending for log_ in with_id])
+                for log_ in with_id:
+                    log_.commit_topic_id()
+                # Each log's directory (its files' entries), then the log dirs (the new directories').
+                sync_paths([log_.dir for log_, _ in opened] + list({spec.log_dir for spec in specs}))
             except OSError as e:
                 failure = e
         if failure is not None:
-            for log_ in opened:
+            for log_, _ in opened:
                 with contextlib.suppress(OSError, StorageError):
                     log_.delete()
             if isinstance(failure, StorageError):
                 raise failure
             raise KafkaStorageError(f"error creating logs: {failure}") from failure
         log.info("created logs", extra={"logs": len(opened)})
-        return opened
+        return [log_ for log_, _ in opened]
 
-    def _open_new_log(self, spec: NewLog) -> UnifiedLog:
-        with deferred_dir_syncs() as dirs:
-            log_ = UnifiedLog.open(
-                spec.log_dir / f"{spec.topic}-{spec.partition}",
-                spec.config,
-                topic_id=spec.topic_id,
-                time_ms=self._time_ms,
-                had_clean_shutdown=True,  # a new, empty log: nothing to recover
-            )
-            if spec.leader_epoch >= 0 and log_.leader_epoch_cache.latest_epoch is None:
-                # The partition's first epoch, written here rather than on the event loop (a
-                # follower's log, leader_epoch -1, learns its epochs from the leader's batches).
-                log_.leader_epoch_cache.assign(spec.leader_epoch, log_.log_end_offset)
+    def _open_new_log(self, spec: NewLog) -> tuple[UnifiedLog, bool]:
+        """The log, and whether it is new (its partition.metadata still to be synced and committed).
+        A directory already there (left by a failed deletion, say) is opened as it is."""
+        dir = spec.log_dir / f"{spec.topic}-{spec.partition}"
         try:
-            for dir in dirs | {log_.dir}:  # the log's own directory: its new files' entries
-                sync_dir_now(dir)
-        except OSError as e:
-            log_.close()
-            raise KafkaStorageError(f"error creating log {log_.dir}: {e}") from e
-        return log_
+            return (
+                UnifiedLog.create(
+                    dir,
+                    spec.config,
+                    topic_id=spec.topic_id,
+                    time_ms=self._time_ms,
+                    leader_epoch=spec.leader_epoch,
+                ),
+                True,
+            )
+        except FileExistsError:
+            pass
+        log_ = UnifiedLog.open(
+            dir, spec.config, topic_id=spec.topic_id, time_ms=self._time_ms, had_clean_shutdown=False
+        )
+        if spec.leader_epoch >= 0 and log_.leader_epoch_cache.latest_epoch is None:
+            log_.leader_epoch_cache.assign(spec.leader_epoch, log_.log_end_offset, flush=False)
+        return log_, False
 
     def register_logs(self, logs: list[UnifiedLog]) -> None:
         """Make logs created by ``open_new_logs`` part of the broker (on the event loop)."""

@@ -35,7 +35,7 @@ from strom.storage.errors import (
 )
 from strom.storage.file_cache import file_cache
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
-from strom.storage.local_log import FetchDataInfo, LocalLog, TimestampAndOffset
+from strom.storage.local_log import FetchDataInfo, LocalLog, TimestampAndOffset, create_segment
 from strom.storage.log_config import LogConfig
 from strom.storage.log_dir_failure import LogDirFailureChannel, LogDirOfflineError
 from strom.storage.log_io import SerialExecutor
@@ -165,6 +165,42 @@ class UnifiedLog:
                 had_clean_shutdown=had_clean_shutdown,
             )
         )
+
+    @classmethod
+    def create(
+        cls,
+        dir: Path,
+        config: LogConfig,
+        *,
+        topic_id: uuid.UUID | None,
+        time_ms: Callable[[], int],
+        leader_epoch: int,
+    ) -> UnifiedLog:
+        """A new, empty log in a directory made here; FileExistsError if it exists (``open`` it).
+
+        Nothing on disk needs loading or recovering, and nothing is synced: the caller syncs the
+        new files and directory, then ``commit_topic_id`` (LogManager.open_new_logs batches both
+        over many logs). ``leader_epoch`` (-1 for a follower, which learns its epochs from the
+        leader's batches) is kept in memory until the log's first flush, as any new epoch.
+        """
+        dir.mkdir()
+        try:
+            if topic_id is not None:
+                PartitionMetadataFile(dir / PARTITION_METADATA).write_unsynced(topic_id)
+            segment = create_segment(dir, 0, config, time_ms())
+        except OSError as e:
+            raise KafkaStorageError(f"error creating log {dir}: {e}") from e
+        leader_epoch_cache = LeaderEpochFileCache(dir, lambda: log_.log_end_offset)
+        leader_epoch_cache.rebuild(())  # from no batches: nothing to write
+        if leader_epoch >= 0:
+            leader_epoch_cache.assign(leader_epoch, 0, flush=False)
+        local_log = LocalLog(dir, config, [segment], 0, time_ms)
+        log_ = cls(local_log, 0, leader_epoch_cache, ProducerStateManager(dir), topic_id)
+        return log_
+
+    def commit_topic_id(self) -> None:
+        """Rename the partition.metadata that ``create`` wrote into place, once it is synced."""
+        PartitionMetadataFile(self.dir / PARTITION_METADATA).commit()
 
     @classmethod
     def _open(
