@@ -17,7 +17,8 @@ start offset, which loading the log truncates again. These callers run off the e
 log's I/O executor, or loading).
 An unreadable or missing file is not fatal: the cache starts empty with ``rebuild_needed`` set,
 and the log rebuilds it from its batches' partitionLeaderEpoch (Kafka only does so for the
-segments it recovers, and takes a log dir offline for an unreadable file).
+segments it recovers, and takes a log dir offline for an unreadable file). An unreadable file is
+replaced at once; the entries rebuilt for a missing one are written by the next ``flush``.
 """
 
 from __future__ import annotations
@@ -108,19 +109,27 @@ class LeaderEpochFileCache:
             )
 
     def rebuild(self, first_offsets: Iterable[tuple[int, int]]) -> None:
-        """Replace the entries from (epoch, base offset) of every batch, in log order; writes the file."""
+        """Replace the entries from (epoch, base offset) of every batch, in log order.
+
+        A damaged file is replaced at once. A missing one is the usual state of a log whose
+        epochs were never flushed (a crash soon after they were assigned): like new epochs, the
+        rebuilt ones are written by the next ``flush``, and a crash before it rebuilds them again.
+        """
         entries: list[tuple[int, int]] = []
         for epoch, offset in first_offsets:
             if epoch >= 0 and (not entries or epoch > entries[-1][0]):
                 entries.append((epoch, offset))
         self.rebuild_needed = False
-        if not entries and not self._damaged:
+        if self._damaged:
+            self._write(entries)
+            self._damaged = False
+            log.warning(
+                "rebuilt leader epoch checkpoint", extra={"file": str(self._file.path), "epochs": len(entries)}
+            )
+            return
+        with self._write_lock:
             self._entries = entries
-            return  # a new log: the first epoch assigned writes the file
-        self._write(entries)
-        log.warning(
-            "rebuilt leader epoch checkpoint", extra={"file": str(self._file.path), "epochs": len(entries)}
-        )
+            self._dirty = bool(entries)
 
     def _write(self, entries: list[tuple[int, int]]) -> None:
         """Write ``entries``, then make them the cache's: a failed write leaves the cache as it was.
