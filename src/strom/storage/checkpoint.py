@@ -50,7 +50,31 @@ def deferred_dir_syncs() -> Iterator[set[Path]]:
         _deferred.dirs = outer
 
 
+@contextlib.contextmanager
+def syncs_left_to_syncfs() -> Iterator[None]:
+    """Within the block, ``fsync`` and ``fsync_dir`` on this thread do nothing: the caller syncs
+    the whole file system (``syncfs``) before relying on anything written in the block, and before
+    writing anything that vouches for it (a clean-shutdown marker). Until then a crash may leave
+    files renamed over others with their content unwritten: only for files whose readers rebuild
+    what a damaged one held (leader epochs, producer snapshots) and for segments, which a start
+    without the marker recovers."""
+    outer = getattr(_deferred, "to_syncfs", False)
+    _deferred.to_syncfs = True
+    try:
+        yield
+    finally:
+        _deferred.to_syncfs = outer
+
+
+def fsync(fd: int) -> None:
+    """os.fsync, unless this thread is within ``syncs_left_to_syncfs``."""
+    if not getattr(_deferred, "to_syncfs", False):
+        os.fsync(fd)
+
+
 def fsync_dir(path: Path) -> None:
+    if getattr(_deferred, "to_syncfs", False):
+        return
     dirs: set[Path] | None = getattr(_deferred, "dirs", None)
     if dirs is not None:
         dirs.add(path)
@@ -89,24 +113,33 @@ def sync_paths(paths: Collection[Path]) -> None:
     which returns once everything written to that file system before the call is on disk; the cost
     is writing back whatever else is dirty there, which the kernel's writeback keeps bounded.
     """
-    syncfs = _syncfs() if len(paths) >= SYNCFS_MIN_PATHS else None
-    if syncfs is None:
-        for path in paths:
-            fd = open_fd(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+    if len(paths) >= SYNCFS_MIN_PATHS and syncfs_available():
+        for path in {os.stat(path).st_dev: path for path in paths}.values():
+            syncfs(path)
         return
-    by_device = {os.stat(path).st_dev: path for path in paths}
-    for path in by_device.values():
+    for path in paths:
         fd = open_fd(path, os.O_RDONLY)
         try:
-            if syncfs(fd) != 0:
-                error = ctypes.get_errno()
-                raise OSError(error, f"syncfs: {os.strerror(error)}", str(path))
+            os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def syncfs_available() -> bool:
+    return _syncfs() is not None
+
+
+def syncfs(path: Path) -> None:
+    """syncfs(2) of the file system holding ``path`` (see ``syncfs_available``)."""
+    function = _syncfs()
+    assert function is not None
+    fd = open_fd(path, os.O_RDONLY)
+    try:
+        if function(fd) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"syncfs: {os.strerror(error)}", str(path))
+    finally:
+        os.close(fd)
 
 
 def write_fully(fd: int, content: bytes) -> None:
@@ -125,7 +158,7 @@ def write_atomically(path: Path, content: bytes) -> None:
         fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             write_fully(fd, content)
-            os.fsync(fd)
+            fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)

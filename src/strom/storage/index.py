@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
+from strom.storage.checkpoint import fsync
 from strom.storage.errors import KafkaStorageError
 from strom.storage.file_cache import CachedFile, file_cache, open_fd
 
@@ -185,7 +186,7 @@ class _Index:
         fd = self._file.pin_if_open()
         if fd >= 0:
             try:
-                os.fsync(fd)
+                fsync(fd)
             finally:
                 self._file.unpin()
             return
@@ -195,7 +196,7 @@ class _Index:
         except FileNotFoundError:
             return  # deleted (retention) or swapped out (cleaner) meanwhile: nothing to keep
         try:
-            os.fsync(fd)
+            fsync(fd)
         finally:
             os.close(fd)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strom.records import batch as rb
+from strom.storage.checkpoint import fsync
 from strom.storage.errors import KafkaStorageError
 from strom.storage.file_cache import CachedFile
 from strom.storage.index import CorruptIndexError, OffsetIndex, TimeIndex
@@ -450,7 +451,7 @@ class LogSegment:
             try:
                 try:
                     with self._log_file as fd:  # reopened if the cache closed it: fsync syncs the file
-                        os.fsync(fd)
+                        fsync(fd)
                 except FileNotFoundError:
                     return  # renamed away meanwhile (retention, the cleaner's swap): nothing to keep
                 self._offset_index.flush()

@@ -19,7 +19,7 @@ from pathlib import Path
 import crc32c
 
 from strom.records import batch as rb
-from strom.storage.checkpoint import fsync_dir, write_fully
+from strom.storage.checkpoint import fsync, fsync_dir, write_fully
 from strom.storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ class ProducerStateManager:
         try:
             write_fully(fd, data)
             if sync:
-                os.fsync(fd)
+                fsync(fd)
         finally:
             os.close(fd)
         self._durable_snapshot = None

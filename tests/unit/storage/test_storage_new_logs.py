@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import uuid
 from collections.abc import Callable
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from strom.storage import LogConfig, LogManager
+from strom.storage import CLEAN_SHUTDOWN_FILE, LogConfig, LogManager
 from strom.storage import checkpoint as checkpoint_module
 from strom.storage.checkpoint import PARTITION_METADATA, SYNCFS_MIN_PATHS, PartitionMetadataFile
 from strom.storage.log_manager import NewLog
@@ -121,3 +123,50 @@ def test_a_crash_before_the_commit_leaves_a_log_that_takes_its_topic_id_again(tm
     assert PartitionMetadataFile(partition_dir / PARTITION_METADATA).read() == topic_id
     assert not list(partition_dir.glob("*.tmp"))
     manager.shutdown()
+
+
+def test_shutting_down_many_logs_syncs_each_file_system_once_before_the_clean_shutdown_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = LogManager([tmp_path])
+    manager.startup(lambda topic: LogConfig())
+    topic_id = uuid.uuid4()
+    count = SYNCFS_MIN_PATHS
+    logs = manager.open_new_logs(specs(tmp_path, topic_id, count))
+    manager.register_logs(logs)
+    for log_ in logs:
+        log_.append_as_leader(make_batch(count=2), 3)
+    recorder = SyncRecorder(monkeypatch)
+
+    manager.shutdown()
+
+    # The closes' fsyncs (segments, epochs, snapshots, directories) left to one syncfs; only the
+    # log dir's checkpoints and marker, written after it, are fsynced.
+    assert recorder.syncfs_calls == 1
+    assert recorder.fsyncs <= 5
+    assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+    again = LogManager([tmp_path])
+    again.startup(lambda topic: LogConfig(), {"t": topic_id})
+    for p in range(count):
+        reloaded = again.get_log("t", p)
+        assert reloaded is not None and reloaded.log_end_offset == 2
+        assert reloaded.leader_epoch_cache.entries == [(3, 0)]
+    again.shutdown()
+
+
+def test_a_failed_syncfs_at_shutdown_leaves_no_clean_shutdown_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = LogManager([tmp_path])
+    manager.startup(lambda topic: LogConfig())
+    manager.register_logs(manager.open_new_logs(specs(tmp_path, uuid.uuid4(), SYNCFS_MIN_PATHS)))
+
+    def failing(fd: int) -> int:
+        ctypes.set_errno(errno.EIO)
+        return -1
+
+    monkeypatch.setattr(checkpoint_module, "_syncfs", lambda: failing)
+    manager.shutdown()
+
+    assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+    assert manager.log_dir_failure_channel.is_offline(tmp_path)
