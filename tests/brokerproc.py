@@ -101,7 +101,11 @@ class BrokerProcess:
             "log.dirs": str(self.data_dir),
             **self.overrides,
         }
-        args = [str(STROM), "serve"]
+        args = [str(STROM)]
+        # A broker log level for debugging a test (e.g. DEBUG); the broker's default otherwise.
+        if level := os.environ.get("STROM_TEST_BROKER_LOG_LEVEL"):
+            args += ["--log-level", level]
+        args.append("serve")
         for key, value in configs.items():
             args += ["--override", f"{key}={value}"]
         return args
