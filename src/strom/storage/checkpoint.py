@@ -15,7 +15,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from strom.storage.errors import KafkaStorageError
@@ -90,9 +90,9 @@ def sync_dir_now(path: Path) -> None:
         os.close(fd)
 
 
-# From this many paths on, ``sync_paths`` syncs each file system holding them once (syncfs)
-# instead of fsyncing every path: creating thousands of logs would otherwise cost two fsyncs each.
-SYNCFS_MIN_PATHS = 64
+# From this many logs on, a shutdown leaves their fsyncs to one syncfs per file system
+# (LogManager.shutdown): closing thousands of logs would otherwise cost a few fsyncs each.
+SYNCFS_MIN_LOGS = 64
 
 
 @functools.cache
@@ -106,23 +106,13 @@ def _syncfs() -> Callable[[int], int] | None:
     return function  # type: ignore[no-any-return]
 
 
-def sync_paths(paths: Collection[Path]) -> None:
-    """Make the data and metadata of ``paths`` (files, and directories for their entries) durable.
-
-    Few are fsynced one by one. Many are synced with one syncfs(2) per file system holding them,
-    which returns once everything written to that file system before the call is on disk; the cost
-    is writing back whatever else is dirty there, which the kernel's writeback keeps bounded.
-    """
-    if len(paths) >= SYNCFS_MIN_PATHS and syncfs_available():
-        for path in {os.stat(path).st_dev: path for path in paths}.values():
-            syncfs(path)
-        return
-    for path in paths:
-        fd = open_fd(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def fsync_path(path: Path) -> None:
+    """fsync a file (its data) or a directory (its entries) by path."""
+    fd = open_fd(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def syncfs_available() -> bool:
@@ -130,7 +120,8 @@ def syncfs_available() -> bool:
 
 
 def syncfs(path: Path) -> None:
-    """syncfs(2) of the file system holding ``path`` (see ``syncfs_available``)."""
+    """syncfs(2) of the file system holding ``path`` (see ``syncfs_available``): it returns once
+    everything written to that file system before the call is on disk."""
     function = _syncfs()
     assert function is not None
     fd = open_fd(path, os.O_RDONLY)
@@ -247,7 +238,7 @@ class PartitionMetadataFile:
 
     def write_unsynced(self, topic_id: uuid.UUID) -> None:
         """The first step of a write that a caller batches with many others: the content goes to a
-        temporary file, not synced; once it is (``sync_paths``), ``commit`` renames it into place."""
+        temporary file, not synced; once it is (``fsync_path``), ``commit`` renames it into place."""
         fd = open_fd(self.pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             write_fully(fd, self._content(topic_id))

@@ -27,13 +27,13 @@ from strom.storage.checkpoint import (
     PARTITION_METADATA,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
-    SYNCFS_MIN_PATHS,
+    SYNCFS_MIN_LOGS,
     OffsetCheckpointFile,
     PartitionMetadataFile,
     deferred_dir_syncs,
     fsync_dir,
+    fsync_path,
     sync_dir_now,
-    sync_paths,
     syncfs,
     syncfs_available,
     syncs_left_to_syncfs,
@@ -300,28 +300,33 @@ class LogManager:
         ``register_logs`` on it). If one fails, those created here are deleted again and
         KafkaStorageError is raised.
 
-        A few threads create the files; durability is then batched over all the logs rather than
-        paid per log: the partition.metadata files are synced, renamed into place, and the new
-        directories synced (``sync_paths``: one syncfs per file system for a large batch). A new
-        leader's first epoch stays in memory until the log's first flush, as every new epoch.
+        A few threads create the files, then sync them together rather than log by log: the
+        partition.metadata files (written unsynced), which are then renamed into place, then the new
+        logs' directories and the log dirs holding them. Overlapping fsyncs are committed together
+        by the file system. A new leader's first epoch stays in memory until the log's first
+        flush, as every new epoch.
         """
         if not specs:
             return []
         with _background_pool(len(specs), "strom-new-log") as pool:
             futures = [pool.submit(self._open_new_log, spec) for spec in specs]
-        opened = [f.result() for f in futures if f.exception() is None]
-        failure = next((f.exception() for f in futures if f.exception() is not None), None)
-        if failure is None:
-            try:
-                created = [(log_, new) for log_, new in opened if new]
-                with_id = [log_ for log_, _ in created if log_.topic_id is not None]
-                sync_paths([PartitionMetadataFile(log_.dir / PARTITION_METADATA).pending for log_ in with_id])
-                for log_ in with_id:
-                    log_.commit_topic_id()
-                # Each log's directory (its files' entries), then the log dirs (the new directories').
-                sync_paths([log_.dir for log_, _ in opened] + list({spec.log_dir for spec in specs}))
-            except OSError as e:
-                failure = e
+            opened = [f.result() for f in futures if f.exception() is None]
+            failure = next((f.exception() for f in futures if f.exception() is not None), None)
+            if failure is None:
+                try:
+                    with_id = [log_ for log_, new in opened if new and log_.topic_id is not None]
+                    pending = [PartitionMetadataFile(log_.dir / PARTITION_METADATA).pending for log_ in with_id]
+                    for _ in pool.map(fsync_path, pending):
+                        pass
+                    for log_ in with_id:
+                        log_.commit_topic_id()
+                    # Each log's directory (its files' entries), then the log dirs (the new directories').
+                    for _ in pool.map(fsync_path, [log_.dir for log_, _ in opened]):
+                        pass
+                    for log_dir in {spec.log_dir for spec in specs}:
+                        fsync_path(log_dir)
+                except OSError as e:
+                    failure = e
         if failure is not None:
             for log_, _ in opened:
                 with contextlib.suppress(OSError, StorageError):
@@ -555,7 +560,7 @@ class LogManager:
         for future in self.future_logs.values():
             future.cancelled = True  # its copy stays behind as -future: the next startup removes it
         logs = self.all_logs()
-        batched = len(logs) >= SYNCFS_MIN_PATHS and syncfs_available()
+        batched = len(logs) >= SYNCFS_MIN_LOGS and syncfs_available()
         if logs:
             # Each close waits on the disk: overlap them as for creation.
             with _background_pool(len(logs), "strom-close-log") as pool:

@@ -13,7 +13,7 @@ import pytest
 
 from strom.storage import CLEAN_SHUTDOWN_FILE, LogConfig, LogManager
 from strom.storage import checkpoint as checkpoint_module
-from strom.storage.checkpoint import PARTITION_METADATA, SYNCFS_MIN_PATHS, PartitionMetadataFile
+from strom.storage.checkpoint import PARTITION_METADATA, SYNCFS_MIN_LOGS, PartitionMetadataFile
 from strom.storage.log_manager import NewLog
 from unit.storage.storage_batches import batch_offsets, make_batch
 
@@ -46,20 +46,20 @@ def specs(log_dir: Path, topic_id: uuid.UUID, count: int) -> list[NewLog]:
     return [NewLog(log_dir, "t", p, LogConfig(), topic_id, 3 if p == 0 else -1) for p in range(count)]
 
 
-def test_a_large_batch_of_new_logs_is_synced_once_per_step_not_per_log(
+def test_new_logs_cost_two_fsyncs_each_and_no_leader_epoch_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     manager = LogManager([tmp_path])
     manager.startup(lambda topic: LogConfig())
     topic_id = uuid.uuid4()
-    count = SYNCFS_MIN_PATHS * 2
+    count = 100
     recorder = SyncRecorder(monkeypatch)
 
     logs = manager.open_new_logs(specs(tmp_path, topic_id, count))
 
     assert len(logs) == count
-    # One syncfs for the partition.metadata files, one for the directories; no per-log fsync.
-    assert (recorder.syncfs_calls, recorder.fsyncs) == (2, 0)
+    # Per log its partition.metadata and its directory, then the log dir once; no syncfs.
+    assert (recorder.syncfs_calls, recorder.fsyncs) == (0, count * 2 + 1)
     for log_ in logs:
         assert PartitionMetadataFile(log_.dir / PARTITION_METADATA).read() == topic_id
         assert not list(log_.dir.glob("*.tmp"))
@@ -79,18 +79,6 @@ def test_a_large_batch_of_new_logs_is_synced_once_per_step_not_per_log(
     assert batch_offsets(reloaded.read(0, 1000).records) == [(0, 1)]
     assert len(again.all_logs()) == count
     again.shutdown()
-
-
-def test_a_small_batch_is_fsynced_path_by_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    manager = LogManager([tmp_path])
-    manager.startup(lambda topic: LogConfig())
-    recorder = SyncRecorder(monkeypatch)
-
-    logs = manager.open_new_logs(specs(tmp_path, uuid.uuid4(), 3))
-
-    # Per log its partition.metadata and its directory, then the log dir once.
-    assert (recorder.syncfs_calls, recorder.fsyncs) == (0, 3 * 2 + 1)
-    assert all((log_.dir / PARTITION_METADATA).exists() for log_ in logs)
 
 
 def test_a_directory_already_there_is_opened_with_its_data_not_replaced(tmp_path: Path) -> None:
@@ -131,7 +119,7 @@ def test_shutting_down_many_logs_syncs_each_file_system_once_before_the_clean_sh
     manager = LogManager([tmp_path])
     manager.startup(lambda topic: LogConfig())
     topic_id = uuid.uuid4()
-    count = SYNCFS_MIN_PATHS
+    count = SYNCFS_MIN_LOGS
     logs = manager.open_new_logs(specs(tmp_path, topic_id, count))
     manager.register_logs(logs)
     for log_ in logs:
@@ -159,7 +147,7 @@ def test_a_failed_syncfs_at_shutdown_leaves_no_clean_shutdown_marker(
 ) -> None:
     manager = LogManager([tmp_path])
     manager.startup(lambda topic: LogConfig())
-    manager.register_logs(manager.open_new_logs(specs(tmp_path, uuid.uuid4(), SYNCFS_MIN_PATHS)))
+    manager.register_logs(manager.open_new_logs(specs(tmp_path, uuid.uuid4(), SYNCFS_MIN_LOGS)))
 
     def failing(fd: int) -> int:
         ctypes.set_errno(errno.EIO)
