@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from strom.broker.dispatcher import RequestContext
+from strom.broker.handlers.partition_view import unhosted_partition_error
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import error_code_of
 from strom.protocol.errors import ErrorCode
@@ -25,7 +26,7 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
             tp = TopicPartition(topic.name, p.partition_index)
             partition = ctx.broker.replica_manager.partition(tp)
             if partition is None:
-                error = ErrorCode.unknown_topic_or_partition
+                error = unhosted_partition_error(ctx.broker.replica_manager, ctx.broker.control_plane, tp)
             else:
                 try:
                     low_watermark = partition.delete_records_on_leader(p.offset)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from strom.broker.dispatcher import RequestContext
+from strom.broker.handlers.partition_view import unhosted_partition_error
 from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build
@@ -23,10 +24,8 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
             tp = TopicPartition(topic.topic, p.partition)
             partition = ctx.broker.replica_manager.partition(tp)
             current = p.current_leader_epoch
-            if ctx.broker.replica_manager.is_offline(tp):
-                error = ErrorCode.kafka_storage_error
-            elif partition is None:
-                error = ErrorCode.unknown_topic_or_partition
+            if partition is None or ctx.broker.replica_manager.is_offline(tp):
+                error = unhosted_partition_error(ctx.broker.replica_manager, ctx.broker.control_plane, tp)
             elif (epoch_error := partition.leader_epoch_error(current)) is not None:
                 error = epoch_error
             elif not partition.is_leader and replica_id != DEBUGGING_REPLICA_ID:
