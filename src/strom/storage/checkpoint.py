@@ -83,11 +83,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def sync_dir_now(path: Path) -> None:
-    fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path, os.O_RDONLY | os.O_DIRECTORY)
 
 
 # From this many logs on, a shutdown leaves their fsyncs to one syncfs per file system
@@ -106,9 +102,9 @@ def _syncfs() -> Callable[[int], int] | None:
     return function  # type: ignore[no-any-return]
 
 
-def fsync_path(path: Path) -> None:
+def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
     """fsync a file (its data) or a directory (its entries) by path."""
-    fd = open_fd(path, os.O_RDONLY)
+    fd = open_fd(path, flags)
     try:
         os.fsync(fd)
     finally:
