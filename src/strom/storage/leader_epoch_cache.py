@@ -11,9 +11,9 @@ where the log is recovered, or lack an epoch no batch was written in (which no r
 about). Kafka writes and syncs each new epoch at once; thousands of partitions changing leader
 or meeting a new epoch after a failover then cost a file replaced and two fsyncs each, most of
 a failover's time here.
-Truncations from the start are written by ``flush`` too (the log manager's checkpoint job or at
-close), as Kafka does since KAFKA-15046: a stale file then only holds entries below the log
-start offset, which loading the log truncates again. These callers run off the event loop (the
+Truncations from the start are written by ``flush`` too (the log's next flush or its close), as
+Kafka defers them since KAFKA-15046: a stale file then only holds entries below the log start
+offset, which loading the log truncates again. These callers run off the event loop (the
 log's I/O executor, or loading).
 An unreadable or missing file is not fatal: the cache starts empty with ``rebuild_needed`` set,
 and the log rebuilds it from its batches' partitionLeaderEpoch (Kafka only does so for the
