@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from strom.broker.fetch_session import (
     RequestedPartition,
     next_epoch,
 )
+from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import FetchResult
 from strom.network.fetch_session_handler import FetchSessionHandler
 from strom.protocol.errors import ErrorCode
@@ -301,3 +303,33 @@ def test_handler_given_what_changed_compares_only_that() -> None:
     # The session's view is what was sent: a full comparison now finds nothing to send.
     third = handler.build(wanted)
     assert (third.to_send, third.to_forget) == ({}, [])
+
+
+def test_a_high_watermark_move_wakes_a_waiting_consumer_fetch_but_not_a_followers() -> None:
+    """Kafka's DelayedFetch completes a follower's fetch for bytes, not for a HW: the follower's
+    session carries the new HW on its next answer, and only the consumer's waiting fetch wakes."""
+
+    async def scenario() -> None:
+        cache = FetchSessionCache(10)
+        tp = TopicPartition("foo", 0)
+        requested = [req(0)]
+        sessions = {}
+        for replica_id in (1, -1):
+            session_id = cache.maybe_create_session(
+                replica_id >= 0, True, requested, {}, tps={req(0).key: tp}, replica_id=replica_id
+            )
+            session = cache.get(session_id)
+            assert session is not None
+            session.take()  # the first fetch read it; now the session waits
+            session.settle([req(0).key], [])
+            sessions[replica_id] = session
+        waits = {r: asyncio.ensure_future(s.wait_for_change(5)) for r, s in sessions.items()}
+        await asyncio.sleep(0)
+        cache.partition_changed(tp, wake_followers=False)
+        await asyncio.wait_for(waits[-1], 1)
+        assert not waits[1].done()
+        assert all(req(0).key in s.ready for s in sessions.values())  # read at the next fetch
+        cache.partition_changed(tp)  # an append wakes both
+        await asyncio.wait_for(waits[1], 1)
+
+    asyncio.run(scenario())

@@ -220,16 +220,16 @@ class FetchSession:
     def watched(self) -> Iterable[TopicPartition]:
         return self._keys_by_tp.keys()
 
-    def mark(self, tp: TopicPartition) -> bool:
-        """``tp`` changed: it is read at the next fetch (a waiting one wakes). Whether it was
-        quiet -- neither ready nor being read -- until now."""
+    def mark(self, tp: TopicPartition, wake: bool = True) -> bool:
+        """``tp`` changed: it is read at the next fetch (with ``wake``, a waiting one wakes).
+        Whether it was quiet -- neither ready nor being read -- until now."""
         quiet = False
         for key in self._keys_by_tp.get(tp, ()):
             if key not in self.ready and key not in self.taken:
                 quiet = True
             self.ready.add(key)
         change = self._change
-        if change is not None and not change.done():
+        if wake and change is not None and not change.done():
             change.set_result(None)
         return quiet
 
@@ -431,12 +431,13 @@ class FetchSessionCache:
                 owned.discard(session_id)
         return session
 
-    def partition_changed(self, tp: TopicPartition) -> list[FetchSession]:
+    def partition_changed(self, tp: TopicPartition, wake_followers: bool = True) -> list[FetchSession]:
         """Something a fetch of ``tp`` answers may have changed: the sessions watching it read it
-        at their next fetch. Returns those for which it was quiet until now."""
+        at their next fetch, and a waiting one wakes (a follower's only with ``wake_followers``).
+        Returns those for which it was quiet until now."""
         quiet = []
         for session in self._watchers.get(tp, ()):
-            if session.mark(tp):
+            if session.mark(tp, wake=wake_followers or session.replica_id < 0):
                 quiet.append(session)
         return quiet
 

@@ -931,7 +931,11 @@ class ReplicaManager:
         if partition.update_follower_fetch_state(
             replica_id, request.fetch_offset, request.log_start_offset, now, leader_log_end
         ):
-            self._wake_fetchers(partition.tp)  # consumers waiting at the old HW
+            # Consumers waiting at the old HW wake; followers' sessions carry the new HW on their
+            # next answer (data elsewhere, or their wait's end), as Kafka's DelayedFetch completes
+            # a follower's fetch for bytes, not for a HW: waking them too costs every record two
+            # more fetch round trips at thousands of partitions.
+            self._wake_fetchers(partition.tp, wake_followers=False)
         # Only a live broker's replica joins the ISR (KIP-841: a fenced one is never eligible).
         if self.broker_epoch(replica_id) is not None:
             self._maybe_alter_isr(partition, partition.isr_expansion(replica_id))
@@ -954,12 +958,12 @@ class ReplicaManager:
                     if not waiters:
                         del self._fetch_waiters[tp]
 
-    def _wake_fetchers(self, tp: TopicPartition) -> None:
+    def _wake_fetchers(self, tp: TopicPartition, wake_followers: bool = True) -> None:
         """Something a fetch of ``tp`` answers may have changed (an append, the HW or log start
         offset, leadership): delayed fetches waiting on it wake, and fetch sessions read it at
-        their next fetch."""
+        their next fetch. Without ``wake_followers`` a follower's waiting fetch keeps waiting."""
         if self.fetch_sessions is not None:
-            for session in self.fetch_sessions.partition_changed(tp):
+            for session in self.fetch_sessions.partition_changed(tp, wake_followers):
                 if session.replica_id >= 0:
                     self._follower_was_caught_up(tp, session.replica_id, session.last_fetch_time_ms)
         for waiter in self._fetch_waiters.pop(tp, ()):
