@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from strom.broker import heap
 from strom.broker.config import KafkaConfig
 from strom.broker.control_plane.assignment import InvalidReplicationFactorError
 from strom.broker.control_plane.controller import Controller, request_controlled_shutdown
@@ -227,6 +228,7 @@ class BrokerServer:
             await self._close_control_plane()
             raise
         self._storage_loaded = True
+        heap.freeze()  # the loaded logs live as long as the broker
         loop = asyncio.get_running_loop()
         self.group_coordinator.startup()
         listeners = self.config.client_listeners()
@@ -255,6 +257,8 @@ class BrokerServer:
                 self._every(self.config.log_flush_offset_checkpoint_interval_ms, self._checkpoint)
             ),
             loop.create_task(self._every(self._idle_check_interval_ms(), self._close_idle_connections)),
+            loop.create_task(self._every(heap.FREEZE_INTERVAL_MS, self._freeze_heap)),
+            loop.create_task(self._every(heap.FULL_COLLECTION_INTERVAL_MS, self._collect_heap)),
             loop.create_task(
                 self._every(self.config.offsets_retention_check_interval_ms, self._expire_group_offsets)
             ),
@@ -572,6 +576,12 @@ class BrokerServer:
         # Retention and DeleteRecords only rename segment files; unlinking them is slow.
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.delete_pending_files)
 
+    async def _freeze_heap(self) -> None:
+        heap.freeze()
+
+    async def _collect_heap(self) -> None:
+        heap.full_collection()
+
     async def _expire_group_offsets(self) -> None:
         await self.group_coordinator.expire_offsets()
 
@@ -698,6 +708,7 @@ class BrokerServer:
                     log.exception("applying a topic's state failed; retrying", extra={"topic": name})
                     self._dirty_topics.add(name)
                     await asyncio.sleep(1)
+            heap.freeze()  # the partitions and logs just made live as long as they are hosted
 
     async def _apply_topic(self, name: str) -> None:
         """Make this broker host what ZooKeeper says of ``name``: every partition whose replicas
