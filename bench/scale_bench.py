@@ -130,12 +130,14 @@ class Settings:
     throughput_partitions: int
     connections: int
     connection_processes: int
-    throughput_records: int
+    throughput_records: int  # each rdkafka_performance run: long enough that its first second
+    # (at 1,000 partitions: followers' fetchers still starting) is not most of the figure
+    raw_records: int  # each raw-producer run (about 30 MB/s: a few seconds)
     latency_rate: float
     latency_records: int
     idle_seconds: float
-    # Before the idle sample: past one log.flush.offset.checkpoint.interval.ms, whose first run after
-    # the latency step writes the leader epochs every log met there (a file each: a one-off, not idling).
+    # Before the idle sample: past one log.flush.offset.checkpoint.interval.ms after the latency step,
+    # so that the sample is the steady state, not the step's tail.
     idle_settle_seconds: float
     session_timeout_ms: int
     step_timeout: float
@@ -896,7 +898,7 @@ def throughput_steps(runner: Runner, settings: Settings, run_dir: Path) -> None:
         log(f"- throughput: {label}")
         try:
             result, client_cpu = raw_producers(
-                cluster, runner.topic(1)[0], connections, processes, records, 16, timeout
+                cluster, runner.topic(1)[0], connections, processes, settings.raw_records, 16, timeout
             )
             report.throughput[label] = result
             report.client_cpu[connections] = f"{client_cpu} over {result.seconds:.1f} s"
@@ -1252,7 +1254,8 @@ def main(argv: list[str] | None = None) -> int:
         throughput_partitions=args.throughput_partitions,
         connections=args.connections,
         connection_processes=args.connection_processes,
-        throughput_records=args.throughput_records or (60_000 if quick else 300_000),
+        throughput_records=args.throughput_records or (60_000 if quick else 1_000_000),
+        raw_records=60_000 if quick else 300_000,
         latency_rate=args.latency_rate,
         latency_records=args.latency_records or (2_000 if quick else 5_000),
         idle_seconds=15 if quick else 30,
