@@ -187,14 +187,15 @@ def test_an_incremental_fetch_reads_only_what_changed(broker: Broker) -> None:
         assert error == ErrorCode.none and list(answered) == [key(1234)]
         assert answered[key(1234)].log_start_offset == 2 and resolved == 1
 
-        # A partition stopped (its topic deleted) answers its error, at every fetch until it is
-        # forgotten; the other partitions are not read.
+        # A partition stopped (no longer hosted while the metadata still has it, as after a
+        # reassignment away) answers NOT_LEADER_OR_FOLLOWER, at every fetch until it is forgotten;
+        # the other partitions are not read.
         await broker.replica_manager.stop_partitions([TopicPartition(TOPIC.name, 17)], delete=False)
         for epoch in (9, 10):
             broker.read.clear()
             error, _, answered, resolved = await broker.fetch(session_id, epoch, [])
             assert error == ErrorCode.none and list(answered) == [key(17)]
-            assert answered[key(17)].error == ErrorCode.unknown_topic_or_partition
+            assert answered[key(17)].error == ErrorCode.not_leader_or_follower
             assert resolved == 1 and broker.read == []
         broker.read.clear()
         error, _, answered, resolved = await broker.fetch(session_id, 11, [], [key(17)])

@@ -26,7 +26,7 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
             tp = TopicPartition(topic.name, p.partition_index)
             partition = ctx.broker.replica_manager.partition(tp)
             if partition is None:
-                error = unhosted_partition_error(ctx.broker.replica_manager, ctx.broker.control_plane, tp)
+                error = unhosted_partition_error(ctx.broker.replica_manager, ctx.broker.control_plane.image, tp)
             else:
                 try:
                     low_watermark = partition.delete_records_on_leader(p.offset)

@@ -38,6 +38,7 @@ from strom.broker.fetch_session import (
     RequestedPartition,
     TopicKey,
 )
+from strom.broker.handlers.partition_view import unhosted_partition_error
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import FetchRequestPartition, FetchResult, ReplicaManager
 from strom.broker.slices import SLICE_SIZE, ArrayBuilder, sliced
@@ -242,8 +243,9 @@ async def read_partitions(
         context.watch(key, tp)
         partition = replica_manager.partition(tp) if topic is not None else None
         if partition is None:
-            offline = topic is not None and replica_manager.is_offline(tp)
-            results[key] = FetchResult(ErrorCode.kafka_storage_error if offline else unknown)
+            results[key] = FetchResult(
+                unknown if topic is None else unhosted_partition_error(replica_manager, image, tp)
+            )
             return None
         epoch_error = partition.leader_epoch_error(p.current_leader_epoch)
         if epoch_error is None and not partition.is_leader:

@@ -25,7 +25,7 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
             partition = ctx.broker.replica_manager.partition(tp)
             current = p.current_leader_epoch
             if partition is None or ctx.broker.replica_manager.is_offline(tp):
-                error = unhosted_partition_error(ctx.broker.replica_manager, ctx.broker.control_plane, tp)
+                error = unhosted_partition_error(ctx.broker.replica_manager, ctx.broker.control_plane.image, tp)
             elif (epoch_error := partition.leader_epoch_error(current)) is not None:
                 error = epoch_error
             elif not partition.is_leader and replica_id != DEBUGGING_REPLICA_ID:

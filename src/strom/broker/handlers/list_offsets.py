@@ -36,7 +36,7 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
             partition = replica_manager.partition(tp)
             current_epoch = getattr(p, "current_leader_epoch", -1)
             if partition is None or replica_manager.is_offline(tp):
-                error = unhosted_partition_error(replica_manager, ctx.broker.control_plane, tp)
+                error = unhosted_partition_error(replica_manager, ctx.broker.control_plane.image, tp)
             elif (epoch_error := partition.leader_epoch_error(current_epoch)) is not None:
                 error = epoch_error
             elif not partition.is_leader and replica_id != DEBUGGING_REPLICA_ID:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strom.broker.control_plane.metadata import PartitionState
+from strom.broker.control_plane.metadata import MetadataImage, PartitionState
 from strom.broker.control_plane.plane import ControlPlane
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
@@ -45,14 +45,16 @@ def partition_view(
     return PartitionView(error, leader, offline_replicas)
 
 
-def unhosted_partition_error(replica_manager: ReplicaManager, plane: ControlPlane, tp: TopicPartition) -> ErrorCode:
+def unhosted_partition_error(
+    replica_manager: ReplicaManager, image: MetadataImage, tp: TopicPartition
+) -> ErrorCode:
     """The error for a partition this broker does not host, as Kafka's getPartitionOrError: a failed
     log dir's KAFKA_STORAGE_ERROR; NOT_LEADER_OR_FOLLOWER while the cluster's metadata has the
     partition (a leadership or replica this broker has yet to apply, as right after the topic was
     created: the client refreshes its metadata and retries); else UNKNOWN_TOPIC_OR_PARTITION."""
     if replica_manager.is_offline(tp):
         return ErrorCode.kafka_storage_error
-    topic = plane.image.topic(tp.topic)
+    topic = image.topic(tp.topic)
     if topic is not None and 0 <= tp.partition < len(topic.partitions):
         return ErrorCode.not_leader_or_follower
     return ErrorCode.unknown_topic_or_partition

@@ -14,6 +14,7 @@ from typing import Any
 
 from strom.broker.dispatcher import DelayedResponse, RequestContext
 from strom.broker.handlers.fetch import leader_hints, node_endpoints
+from strom.broker.handlers.partition_view import unhosted_partition_error
 from strom.broker.network import CloseConnection
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ProduceResult
@@ -63,6 +64,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                     ErrorCode.invalid_topic_exception,
                     error_message=f"Producing to internal topic {name} is not allowed",
                 )
+            elif broker.replica_manager.partition(tp) is None:
+                early[tp] = ProduceResult(unhosted_partition_error(broker.replica_manager, image, tp))
             else:
                 entries.append((tp, data.records))
         order.append((topic_id or ZERO_UUID if by_id else name, tps))
