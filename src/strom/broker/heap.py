@@ -2,11 +2,11 @@
 
 A broker's state -- partitions, logs, segments, indexes, fetch sessions -- lives as long as the
 broker and is large: at 10,000 partitions some 600,000 tracked objects per broker. A full
-(generation 2) collection traverses all of them, holding the event loop for 130-600 ms, and
+(generation 2) collection traverses all of them, holding the event loop for 130-615 ms, and
 collected nothing (measured with a ``gc.callbacks`` probe under bench/scale_bench.py). CPython
 starts one whenever the objects that survived younger collections reach a quarter of the old
 generation, which happened every few seconds while partitions were created and during steady
-produce: most of the 10,000-partition produce p99.
+produce: a large part of the 10,000-partition produce p99.
 
 So the broker freezes its heap (``gc.freeze``: everything tracked moves to a permanent generation
 that no collection traverses) once its logs are loaded, after each batch of control-plane changes

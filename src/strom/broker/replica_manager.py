@@ -933,8 +933,8 @@ class ReplicaManager:
         ):
             # Consumers waiting at the old HW wake; followers' sessions carry the new HW on their
             # next answer (data elsewhere, or their wait's end), as Kafka's DelayedFetch completes
-            # a follower's fetch for bytes, not for a HW: waking them too costs every record two
-            # more fetch round trips at thousands of partitions.
+            # a follower's fetch for bytes, not for a HW: waking them too cost every record a
+            # wake and a read of the partition in each follower's waiting fetch.
             self._wake_fetchers(partition.tp, wake_followers=False)
         # Only a live broker's replica joins the ISR (KIP-841: a fenced one is never eligible).
         if self.broker_epoch(replica_id) is not None:
