@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 
 from strom.records.batch import NO_PARTITION_LEADER_EPOCH, InvalidBatchError
-from strom.records.codec import Record, RecordSpec, encode_batch
+from strom.records.codec import Record, RecordSpec, decode_batch, encode_batch
 
 CONTROL_KEY_VERSION = 0
 END_TXN_MARKER_VERSION = 0
@@ -74,6 +74,16 @@ def decode_end_txn_marker(record: Record) -> EndTxnMarker:
     if version < 0:
         raise InvalidBatchError(f"end transaction marker with negative version {version}", corrupt=True)
     return EndTxnMarker(control_type, coordinator_epoch)
+
+
+def batch_end_txn_marker(batch: bytes | bytearray | memoryview) -> EndTxnMarker | None:
+    """The COMMIT or ABORT marker of the control batch ``batch`` (one whole batch); None for a
+    batch the cleaner emptied or a control type that is no transaction marker (readers skip it,
+    as Kafka's ProducerAppendInfo does). Raises InvalidBatchError for a malformed one."""
+    records = decode_batch(batch, verify_crc=False).records
+    if not records or decode_control_key(records[0].key) is ControlRecordType.UNKNOWN:
+        return None
+    return decode_end_txn_marker(records[0])
 
 
 def build_control_batch(

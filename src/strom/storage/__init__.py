@@ -1,17 +1,20 @@
-"""Local storage: partition logs made of segments, their indexes, recovery, retention, compaction and
-producer state."""
+"""Local storage: partition logs made of segments, their indexes, recovery, retention, compaction,
+producer state and transactions."""
 
+from strom.storage.append_origin import AppendOrigin
 from strom.storage.cleaner import CleanerConfig, CleanerStats, LogCleaner, LogToClean
 from strom.storage.errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTimestampError,
+    InvalidTxnStateError,
     KafkaStorageError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
     StorageError,
+    TransactionCoordinatorFencedError,
     UnknownProducerIdError,
 )
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
@@ -19,7 +22,8 @@ from strom.storage.local_log import FetchDataInfo, LocalLog, TimestampAndOffset
 from strom.storage.log_config import LogConfig
 from strom.storage.log_loader import CLEAN_SHUTDOWN_FILE, LogLoader
 from strom.storage.log_manager import LogDirInUseError, LogManager, NewLog
-from strom.storage.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
+from strom.storage.producer_state import BatchMetadata, CompletedTxn, ProducerStateEntry, ProducerStateManager
+from strom.storage.transaction_index import AbortedTxn, TransactionIndex
 from strom.storage.unified_log import (
     EARLIEST_LOCAL_TIMESTAMP,
     EARLIEST_TIMESTAMP,
@@ -36,15 +40,19 @@ __all__ = [
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
     "MAX_TIMESTAMP",
+    "AbortedTxn",
+    "AppendOrigin",
     "BatchMetadata",
     "CleanerConfig",
     "CleanerStats",
+    "CompletedTxn",
     "CorruptRecordError",
     "FetchDataInfo",
     "InconsistentTopicIdError",
     "InvalidProducerEpochError",
     "InvalidRecordError",
     "InvalidTimestampError",
+    "InvalidTxnStateError",
     "KafkaStorageError",
     "LeaderEpochFileCache",
     "LocalLog",
@@ -63,6 +71,8 @@ __all__ = [
     "RecordTooLargeError",
     "StorageError",
     "TimestampAndOffset",
+    "TransactionCoordinatorFencedError",
+    "TransactionIndex",
     "UnifiedLog",
     "UnknownProducerIdError",
 ]

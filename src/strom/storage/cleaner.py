@@ -38,6 +38,14 @@ saw it, whatever timestamp its producer gave it. Unlike Kafka, a log whose earli
 passed is cleanable without new dirty data; the horizons are remembered only while the broker
 runs (after a restart, the next ordinary round drops expired tombstones).
 
+Transactions, as Kafka's cleaner (CleanedTransactionMetadata): nothing at or above the first
+unstable offset is cleaned (the segment holding it is uncleanable, with every later one). The
+batches of aborted transactions (from the transaction indexes) are removed, and never enter the
+offset map. A COMMIT or ABORT marker stays while the round saw batches of its transaction; once
+none are left it gets a delete horizon, as a tombstone does, and a round after the horizon drops
+it. The aborted transactions whose markers stay are written to the cleaned segment's transaction
+index (``.txnindex.cleaned``, always written, swapped in before the log).
+
 Threads: planning and the segment swap run on the event-loop thread, which owns the UnifiedLog; reading
 segments, building the map and writing the ``.cleaned`` files run on a worker thread through
 their own file descriptors, so appends and fetches go on meanwhile. Only closed segments are
@@ -60,6 +68,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -69,6 +78,7 @@ from typing import Any, Final
 from strom.records import batch as rb
 from strom.records import scanner
 from strom.records.compression import CompressionError
+from strom.records.control import ControlRecordType, batch_end_txn_marker
 from strom.records.varint import write_varint
 from strom.storage.checkpoint import OffsetCheckpointFile, fsync_dir
 from strom.storage.errors import CorruptRecordError, KafkaStorageError, StorageError
@@ -76,6 +86,7 @@ from strom.storage.index import OffsetIndex, TimeIndex
 from strom.storage.local_log import CLEANED_SUFFIX
 from strom.storage.log_config import LogConfig
 from strom.storage.log_segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, file_name
+from strom.storage.transaction_index import TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex
 from strom.storage.unified_log import UnifiedLog, wall_clock_ms
 
 log = logging.getLogger(__name__)
@@ -196,6 +207,8 @@ class _Round:
     dirty: list[_SegmentRef]
     dirty_start_position: int  # in dirty[0], from the offset index
     producer_last_offsets: dict[int, int]
+    # Aborted transactions overlapping the segments below the first uncleanable offset.
+    aborted: list[AbortedTxn]
     offset_map: OffsetMap
     stats: CleanerStats
     started: float
@@ -213,6 +226,57 @@ class _Round:
 class _CleanedSegment:
     base_offset: int
     size: int
+
+
+class _CleanedTransactions:
+    """What a pass over a range of batches knows of their transactions (Kafka's
+    CleanedTransactionMetadata): which batches belong to aborted transactions, and which markers
+    still have batches of their transaction behind them."""
+
+    def __init__(self, aborted: Iterable[AbortedTxn]) -> None:
+        self._aborted = deque(sorted(aborted, key=lambda txn: txn.first_offset))
+        # producer id -> [the aborted transaction under way, whether a batch of it was seen]
+        self._ongoing_aborted: dict[int, list[Any]] = {}
+        self._ongoing_committed: set[int] = set()
+        # Aborted transactions whose markers stay: the cleaned segment's transaction index.
+        self.index_entries: list[AbortedTxn] = []
+
+    def _begin_aborted_up_to(self, offset: int) -> None:
+        aborted = self._aborted
+        while aborted and aborted[0].first_offset <= offset:
+            txn = aborted.popleft()
+            self._ongoing_aborted.setdefault(txn.producer_id, [txn, False])
+
+    def on_batch(self, header: rb.BatchHeader) -> bool:
+        """A data batch; True when it belongs to an aborted transaction (it goes)."""
+        if self._aborted and self._aborted[0].first_offset <= header.last_offset:
+            self._begin_aborted_up_to(header.last_offset)
+        if not header.attributes & rb.TRANSACTIONAL_FLAG:
+            return False
+        ongoing = self._ongoing_aborted.get(header.producer_id)
+        if ongoing is not None:
+            ongoing[1] = True
+            return True
+        self._ongoing_committed.add(header.producer_id)
+        return False
+
+    def on_marker(self, header: rb.BatchHeader, marker: ControlRecordType | None) -> bool:
+        """A control batch; True when no batch of its transaction was seen (it may go, once its
+        delete horizon passes)."""
+        self._begin_aborted_up_to(header.last_offset)
+        producer_id = header.producer_id
+        if marker is ControlRecordType.ABORT:
+            ongoing = self._ongoing_aborted.pop(producer_id, None)
+            if ongoing is not None and ongoing[1]:
+                self.index_entries.append(ongoing[0])
+                return False
+            return True
+        if marker is ControlRecordType.COMMIT:
+            if producer_id in self._ongoing_committed:
+                self._ongoing_committed.discard(producer_id)
+                return False
+            return True
+        return False
 
 
 # A record as the scanner lays it out (a plain tuple: there are millions), and its fields' indexes.
@@ -301,6 +365,13 @@ class LogCleaner:
         if checkpoint is not None and log_start <= checkpoint <= log_.log_end_offset:
             first_dirty = checkpoint
         first_uncleanable = segments[-1].base_offset
+        first_unstable = log_.first_unstable_offset
+        if first_unstable is not None:
+            # Undecided or unreplicated transactions are never cleaned: nor is their segment.
+            first_uncleanable = min(
+                first_uncleanable,
+                next((s.base_offset for s in segments if s.next_offset > first_unstable), first_uncleanable),
+            )
         # The first segment holding an offset >= first_dirty (earlier rounds keep each
         # segment's last batch, so a segment's next offset is where the next one starts).
         dirty_from = next(
@@ -493,6 +564,11 @@ class LogCleaner:
             producer_last_offsets={
                 pid: entry.last_offset for pid, entry in log_.producer_state.active_producers.items()
             },
+            aborted=(
+                log_.collect_aborted_transactions(refs[0].base_offset, target.first_uncleanable_offset)
+                if refs
+                else []
+            ),
             offset_map=OffsetMap(memory, first_dirty - 1),
             stats=CleanerStats(log_.dir.name, first_dirty),
             started=time.monotonic(),
@@ -510,12 +586,15 @@ class LogCleaner:
         put = offset_map.put
         first_dirty = rnd.target.first_dirty_offset
         full = False
+        transactions = _CleanedTransactions(txn for txn in rnd.aborted if txn.last_offset >= first_dirty)
         for i, ref in enumerate(rnd.dirty):
             start = rnd.dirty_start_position if i == 0 else 0
             for header, view in self._batches(rnd, ref, start):
                 if header.last_offset < first_dirty:
                     continue
-                if not header.is_control:
+                if header.is_control:
+                    transactions.on_marker(header, self._marker(header, view))
+                elif not transactions.on_batch(header):  # aborted records shadow nothing
                     base = header.base_offset
                     for record in self._records(header, view)[1]:
                         key = record[_KEY]
@@ -572,9 +651,14 @@ class LogCleaner:
     def _clean_group(self, rnd: _Round, group: list[_SegmentRef]) -> _CleanedSegment | None:
         """Write the group's kept batches to ``<base>.{log,index,timeindex}.cleaned``."""
         base = group[0].base_offset
+        end = group[-1].next_offset
         log_path = rnd.log.dir / (file_name(base, LOG_SUFFIX) + CLEANED_SUFFIX)
         writer = _SegmentWriter(log_path, base, rnd.config, self.config.io_buffer_size)
-        rnd.created += [log_path, *writer.index_paths]
+        txn_index_path = rnd.log.dir / (file_name(base, TXN_INDEX_SUFFIX) + CLEANED_SUFFIX)
+        rnd.created += [log_path, *writer.index_paths, txn_index_path]
+        transactions = _CleanedTransactions(
+            txn for txn in rnd.aborted if txn.last_offset >= base and txn.first_offset < end
+        )
         try:
             last: tuple[rb.BatchHeader, memoryview] | None = None
             last_dropped = False
@@ -583,7 +667,7 @@ class LogCleaner:
                 for header, view in self._batches(rnd, ref, 0):
                     changed = changed or last_dropped  # a dropped batch that was not the last
                     last = header, view
-                    kept = self._filter_batch(rnd, header, view)
+                    kept = self._filter_batch(rnd, header, view, transactions)
                     last_dropped = kept is None
                     if kept is None:
                         continue
@@ -603,6 +687,12 @@ class LogCleaner:
                 os.unlink(log_path)
                 return None
             size = writer.finish()
+            # Written even when empty: the swap protocol tells by its .swap which index is new.
+            index = TransactionIndex(txn_index_path, base, exists=False)
+            for txn in transactions.index_entries:
+                index.append(txn)
+            txn_index_path.touch()
+            _fsync_path(txn_index_path)
         except BaseException:
             writer.abandon()
             raise
@@ -703,13 +793,53 @@ class LogCleaner:
         except (rb.InvalidBatchError, scanner.RecordError) as e:
             raise CorruptRecordError(f"malformed batch at offset {header.base_offset}: {e}") from e
 
+    @staticmethod
+    def _marker(header: rb.BatchHeader, view: memoryview) -> ControlRecordType | None:
+        """The type of a control batch's marker; None for an emptied one or another type."""
+        try:
+            marker = batch_end_txn_marker(view)
+        except rb.InvalidBatchError as e:
+            raise CorruptRecordError(f"malformed control batch at offset {header.base_offset}: {e}") from e
+        return None if marker is None else marker.type
+
+    def _keep_horizon(self, rnd: _Round, horizon: int) -> None:
+        """A batch kept until ``horizon``: the log is cleanable again once it passes."""
+        if rnd.tombstone_deadline is None or horizon < rnd.tombstone_deadline:
+            rnd.tombstone_deadline = horizon
+
+    def _filter_marker(
+        self, rnd: _Round, header: rb.BatchHeader, view: memoryview, transactions: _CleanedTransactions
+    ) -> tuple[bytes | bytearray | memoryview, int] | None:
+        """A transaction marker stays while batches of its transaction do; then it stays
+        ``delete.retention.ms`` longer (a delete horizon, as tombstones get) and goes."""
+        if not transactions.on_marker(header, self._marker(header, view)):
+            return view, header.max_timestamp
+        if header.attributes & rb.DELETE_HORIZON_FLAG:
+            if rnd.now >= header.base_timestamp:
+                return None
+            self._keep_horizon(rnd, header.base_timestamp)
+            return view, header.max_timestamp
+        horizon = rnd.now + rnd.config.delete_retention_ms
+        self._keep_horizon(rnd, horizon)
+        data, records = self._records(header, view)
+        return _rebuild_batch(header, data, records, horizon)
+
     def _filter_batch(
-        self, rnd: _Round, header: rb.BatchHeader, view: memoryview
+        self, rnd: _Round, header: rb.BatchHeader, view: memoryview, transactions: _CleanedTransactions
     ) -> tuple[bytes | bytearray | memoryview, int] | None:
         """The batch as it goes into the cleaned segment with its max timestamp, or None to drop it."""
         stats = rnd.stats
+        if header.attributes & rb.CONTROL_FLAG:
+            return self._filter_marker(rnd, header, view, transactions)
+        if transactions.on_batch(header):
+            # An aborted transaction's batch goes whole (its producer's last stays as a header).
+            stats.records_read += header.records_count
+            stats.records_removed += header.records_count
+            if rnd.producer_last_offsets.get(header.producer_id) == header.last_offset:
+                return (_empty_batch(header) if header.records_count else view), header.max_timestamp
+            return None
         latest = rnd.offset_map.latest_offset
-        if header.is_control or header.base_offset > latest:
+        if header.base_offset > latest:
             return view, header.max_timestamp
         data, records = self._records(header, view)
         stats.records_read += len(records)
@@ -735,9 +865,7 @@ class LogCleaner:
         stats.records_removed += len(records) - len(kept)
         stamp = tombstones > 0 and not has_horizon
         if tombstones:
-            horizon = now + rnd.config.delete_retention_ms if stamp else header.base_timestamp
-            if rnd.tombstone_deadline is None or horizon < rnd.tombstone_deadline:
-                rnd.tombstone_deadline = horizon
+            self._keep_horizon(rnd, now + rnd.config.delete_retention_ms if stamp else header.base_timestamp)
         if records and len(kept) == len(records) and not stamp:
             return view, header.max_timestamp
         if not kept:

@@ -43,6 +43,20 @@ class InvalidProducerEpochError(StorageError):
     error_code = 47
 
 
+class InvalidTxnStateError(StorageError):
+    """INVALID_TXN_STATE: a producer's batch does not fit its transaction (a non-transactional
+    batch inside one, or one of another epoch)."""
+
+    error_code = 48
+
+
+class TransactionCoordinatorFencedError(StorageError):
+    """TRANSACTION_COORDINATOR_FENCED: a marker from a coordinator older than the one that last
+    wrote a marker for the producer (a zombie coordinator)."""
+
+    error_code = 52
+
+
 class KafkaStorageError(StorageError):
     """KAFKA_STORAGE_ERROR: the disk failed under a log (I/O error)."""
 

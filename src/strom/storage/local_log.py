@@ -41,6 +41,7 @@ from strom.storage.log_segment import (
     file_name,
     new_segment,
 )
+from strom.storage.transaction_index import TXN_INDEX_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class TimestampAndOffset:
 
 def create_segment(dir: Path, base_offset: int, config: LogConfig, now_ms: int) -> LogSegment:
     """A new, empty segment at ``base_offset``, replacing any files left at that name."""
-    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
         (dir / file_name(base_offset, suffix)).unlink(missing_ok=True)
     return new_segment(
         dir,
@@ -107,8 +108,10 @@ def create_segment(dir: Path, base_offset: int, config: LogConfig, now_ms: int) 
     )
 
 
-def open_segment(dir: Path, base_offset: int, config: LogConfig, now_ms: int) -> LogSegment:
-    """The segment whose files are at ``base_offset`` in ``dir``."""
+def open_segment(
+    dir: Path, base_offset: int, config: LogConfig, now_ms: int, txn_index_exists: bool | None = None
+) -> LogSegment:
+    """The segment whose files are at ``base_offset`` in ``dir`` (``txn_index_exists``: see LogSegment)."""
     return LogSegment(
         dir,
         base_offset,
@@ -116,6 +119,7 @@ def open_segment(dir: Path, base_offset: int, config: LogConfig, now_ms: int) ->
         max_index_size=config.segment_index_bytes,
         roll_jitter_ms=0,
         now_ms=now_ms,
+        txn_index_exists=txn_index_exists,
     )
 
 
@@ -184,6 +188,10 @@ class LocalLog:
 
     def _floor_segment_index(self, offset: int) -> int:
         return max(bisect.bisect_right(self._bases, offset) - 1, 0)
+
+    def segments_from(self, offset: int) -> list[LogSegment]:
+        """The segment holding ``offset`` (the first, below it) and every later one."""
+        return self._segments[self._floor_segment_index(offset) :]
 
     @property
     def closed(self) -> bool:
@@ -420,7 +428,11 @@ class LocalLog:
         if any(a is not b or a.size != size for a, b, size in zip(current, old, sizes, strict=True)):
             return None
         base = old[0].base_offset
-        suffixes = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX)  # the log last: its rename commits
+        # The log last: its rename commits. The cleaner writes a transaction index for every
+        # cleaned segment (startup tells by its .swap whether the one at ``base`` is new).
+        suffixes = [INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX]
+        if (self.dir / (file_name(base, TXN_INDEX_SUFFIX) + CLEANED_SUFFIX)).exists():
+            suffixes.insert(2, TXN_INDEX_SUFFIX)
         final = {suffix: self.dir / file_name(base, suffix) for suffix in suffixes}
         deleted: list[Path] = []
         try:
@@ -428,13 +440,16 @@ class LocalLog:
                 cleaned = final[suffix].with_name(final[suffix].name + CLEANED_SUFFIX)
                 os.replace(cleaned, final[suffix].with_name(final[suffix].name + SWAP_SUFFIX))
             for segment in old:
-                for suffix in (TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX):
+                for suffix in (TXN_INDEX_SUFFIX, TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX):
                     path = self.dir / file_name(segment.base_offset, suffix)
                     doomed = path.with_name(path.name + DELETED_SUFFIX)
                     with contextlib.suppress(FileNotFoundError):  # an index never written
                         os.replace(path, doomed)
                         deleted.append(doomed)
-            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            # The transaction index before the log: once the log's swap is gone, it is final too.
+            for suffix in sorted(
+                suffixes, key=(TXN_INDEX_SUFFIX, LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX).index
+            ):
                 os.replace(final[suffix].with_name(final[suffix].name + SWAP_SUFFIX), final[suffix])
             segment = open_segment(self.dir, base, self.config, self.time_ms())
             segment.rebuild_indexes_if_corrupt()

@@ -4,14 +4,19 @@ It finishes or discards what a crash interrupted (``.swap`` files complete the c
 ``.cleaned``, ``.deleted`` and ``.tmp`` files and orphaned indexes go), opens the segments,
 rebuilds damaged indexes and, after an unclean shutdown, recovers every segment from the one
 holding the recovery point on: each batch is checked and the log is cut at the first torn or
-invalid one. Then the leader-epoch cache is rebuilt if its file was lost and truncated to the
-log's offsets, and producer state is loaded from its newest snapshot at or below the log end and
-replayed from there. UnifiedLog starts from what ``load`` returns.
+invalid one. Recovery replays producer state through those segments, from its state at the first
+of them, so transactions left open are open again and the segments' transaction indexes are
+rebuilt from their ABORT markers (Kafka's LogSegment.recover); a damaged transaction index is
+rebuilt the same way, even after a clean shutdown. Then the leader-epoch cache is rebuilt if its
+file was lost and truncated to the log's offsets, and producer state is loaded from its newest
+snapshot at or below the log end and replayed from there (when nothing was recovered).
+UnifiedLog starts from what ``load`` returns.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import os
 import time
@@ -19,7 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from strom.records import batch as rb
 from strom.storage.leader_epoch_cache import LeaderEpochFileCache
 from strom.storage.local_log import CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX, create_segment, open_segment
 from strom.storage.log_config import LogConfig
@@ -28,10 +32,12 @@ from strom.storage.log_segment import (
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
     LogSegment,
+    ScannedBatch,
     file_name,
     next_offset_of_file,
 )
 from strom.storage.producer_state import ProducerStateManager
+from strom.storage.transaction_index import TXN_INDEX_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,8 @@ class LoadedLog:
 def rebuild_producer_state(
     state: ProducerStateManager, segments: Sequence[LogSegment], log_start_offset: int, log_end_offset: int
 ) -> int:
-    """Load the latest producer snapshot and replay the batches after it; returns batches replayed."""
+    """Load the latest producer snapshot and replay the batches after it; returns batches replayed.
+    The segments' transaction indexes are whole already: markers only end transactions."""
     start = state.load(log_start_offset, log_end_offset)
     replayed = 0
     for segment in segments:
@@ -61,7 +68,7 @@ def rebuild_producer_state(
         for batch in segment.scan(position, headers_only=True):
             header = batch.header
             if header.last_offset >= start:
-                state.update(header, header.base_offset, header.max_timestamp)
+                segment.update_producer_state(state, header, position=batch.position, index=False)
                 replayed += 1
     state.advance_map_end_offset(log_end_offset)
     return replayed
@@ -92,10 +99,10 @@ class LogLoader:
         self.leader_epoch_cache = leader_epoch_cache
         self.producer_state = producer_state
 
-    def _segment_bases_on_disk(self) -> list[int]:
+    def _segment_bases_on_disk(self, suffix: str = LOG_SUFFIX) -> list[int]:
         bases = []
-        for path in self.dir.glob(f"*{LOG_SUFFIX}"):
-            stem = path.name[: -len(LOG_SUFFIX)]
+        for path in self.dir.glob(f"*{suffix}"):
+            stem = path.name[: -len(suffix)]
             if stem.isdigit():
                 bases.append(int(stem))
         return sorted(bases)
@@ -107,13 +114,18 @@ class LogLoader:
             if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX, ".tmp")):
                 log.debug("deleting stray file %s", path)
                 path.unlink()
-            elif name.endswith(SWAP_SUFFIX) and not name.endswith(LOG_SUFFIX + SWAP_SUFFIX):
-                path.unlink()  # swapped indexes are rebuilt from the log
+            elif name.endswith(SWAP_SUFFIX) and not name.endswith(
+                (LOG_SUFFIX + SWAP_SUFFIX, TXN_INDEX_SUFFIX + SWAP_SUFFIX)
+            ):
+                path.unlink()  # swapped offset and time indexes are rebuilt from the log
         for swap in sorted(self.dir.glob(f"*{LOG_SUFFIX}{SWAP_SUFFIX}")):
             self._complete_swap(swap)
+        # A swapped transaction index without its log was never committed.
+        for path in self.dir.glob(f"*{TXN_INDEX_SUFFIX}{SWAP_SUFFIX}"):
+            path.unlink()
         # Indexes whose log file is gone are orphans.
         bases = set(self._segment_bases_on_disk())
-        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
             for path in self.dir.glob(f"*{suffix}"):
                 stem = path.name[: -len(suffix)]
                 if stem.isdigit() and int(stem) not in bases:
@@ -134,14 +146,23 @@ class LogLoader:
             return
         base = int(stem)
         end = max(next_offset_of_file(swap, base), base + 1)
+        # The transaction index is derived from more than this segment's batches: it is kept,
+        # not rebuilt. The cleaner swaps it in before its log, so without its .swap the one at
+        # the base offset is already the new one.
+        txn_swap = self.dir / (file_name(base, TXN_INDEX_SUFFIX) + SWAP_SUFFIX)
+        new_txn_index = None if txn_swap.exists() else file_name(base, TXN_INDEX_SUFFIX)
         replaced = []
         for path in sorted(self.dir.iterdir()):
-            for suffix in (TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX):
+            if path.name == new_txn_index:
+                continue
+            for suffix in (TXN_INDEX_SUFFIX, TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX):
                 other = path.name[: -len(suffix)]
                 if path.name.endswith(suffix) and other.isdigit() and base <= int(other) < end:
                     deleted = path.with_name(path.name + DELETED_SUFFIX)
                     os.replace(path, deleted)
                     replaced.append(deleted)
+        if new_txn_index is None:
+            os.replace(txn_swap, self.dir / file_name(base, TXN_INDEX_SUFFIX))
         os.replace(swap, self.dir / file_name(base, LOG_SUFFIX))
         for path in replaced:
             path.unlink()
@@ -151,32 +172,51 @@ class LogLoader:
         started = time.monotonic()
         had_clean_shutdown, recovery_point = self.had_clean_shutdown, self.recovery_point
         self._remove_temp_files_and_complete_swaps()
+        # One listing tells which segments have a transaction index (only those with an abort).
+        txn_indexes = set(self._segment_bases_on_disk(TXN_INDEX_SUFFIX))
         segments = [
-            open_segment(self.dir, base, self.config, self._time_ms())
+            open_segment(self.dir, base, self.config, self._time_ms(), base in txn_indexes)
             for base in self._segment_bases_on_disk()
         ]
         recovered = truncated = 0
         if had_clean_shutdown:
-            for segment in segments:
-                segment.rebuild_indexes_if_corrupt()
+            first_to_recover = len(segments)
         else:
             bases = [segment.base_offset for segment in segments]
-            first_unflushed = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
-            for segment in segments[:first_unflushed]:
-                segment.rebuild_indexes_if_corrupt()
-            for i in range(first_unflushed, len(segments)):
-                segment = segments[i]
-                cut = segment.recover(self._on_recovered_batch)
-                recovered += 1
-                log.debug("recovered segment %s: %d bytes valid, %d cut", segment.log_path, segment.size, cut)
-                if cut:
-                    # Nothing after an invalid batch can be trusted.
-                    truncated += cut
-                    for later in segments[i + 1 :]:
-                        truncated += later.size
-                        later.delete()
-                    del segments[i + 1 :]
-                    break
+            first_to_recover = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
+        for i in range(first_to_recover):
+            damage = segments[i].txn_index_damage
+            if damage is not None:
+                log.warning("%s; recovering its segment and every later one to rebuild it", damage)
+                first_to_recover = i
+                break
+        for segment in segments[:first_to_recover]:
+            segment.rebuild_indexes_if_corrupt()
+        # Producer state is replayed through the recovered segments (their markers rebuild the
+        # transaction indexes), from where the segments before them leave it.
+        replay_start = max(self.log_start_offset or 0, segments[0].base_offset) if segments else 0
+        if first_to_recover < len(segments):
+            rebuild_producer_state(
+                self.producer_state,
+                segments[:first_to_recover],
+                replay_start,
+                segments[first_to_recover].base_offset,
+            )
+        for i in range(first_to_recover, len(segments)):
+            segment = segments[i]
+            if segment.has_aborted_txns or segment.txn_index_damage is not None:
+                segment.txn_index.reset()
+            cut = segment.recover(functools.partial(self._on_recovered_batch, segment))
+            recovered += 1
+            log.debug("recovered segment %s: %d bytes valid, %d cut", segment.log_path, segment.size, cut)
+            if cut:
+                # Nothing after an invalid batch can be trusted.
+                truncated += cut
+                for later in segments[i + 1 :]:
+                    truncated += later.size
+                    later.delete()
+                del segments[i + 1 :]
+                break
         for segment in segments[:-1]:
             segment.on_become_inactive()
             # Lazy indexes: an inactive segment holds no index entries or descriptors until read.
@@ -209,7 +249,11 @@ class LogLoader:
         recovery_point = log_end if had_clean_shutdown else min(recovery_point, log_end)
         self.leader_epoch_cache.truncate_from_end(log_end)
         self.leader_epoch_cache.truncate_from_start(log_start_offset)
-        replayed = rebuild_producer_state(self.producer_state, segments, log_start_offset, log_end)
+        if recovered and log_start_offset == replay_start:
+            replayed = 0
+            self.producer_state.advance_map_end_offset(log_end)
+        else:
+            replayed = rebuild_producer_state(self.producer_state, segments, log_start_offset, log_end)
         if had_clean_shutdown:
             self.producer_state.mark_snapshot_durable()
         elapsed_ms = int((time.monotonic() - started) * 1000)
@@ -229,9 +273,13 @@ class LogLoader:
             log.info("recovered log", extra=fields)
         return LoadedLog(segments, log_start_offset, recovery_point)
 
-    def _on_recovered_batch(self, header: rb.BatchHeader) -> None:
+    def _on_recovered_batch(self, segment: LogSegment, batch: ScannedBatch) -> None:
+        header = batch.header
         epoch = header.partition_leader_epoch
         latest = self.leader_epoch_cache.latest_epoch
         if epoch >= 0 and (latest is None or epoch > latest):
             # Written by the log's next flush: the recovery point stays below this batch until then.
             self.leader_epoch_cache.assign(epoch, header.base_offset, flush=False)
+        state = self.producer_state
+        if header.last_offset >= state.map_end_offset:  # not below the log start offset
+            segment.update_producer_state(state, header, batch.data)

@@ -1,4 +1,5 @@
-"""LogSegment: one ``<base offset>.log`` file of whole batches plus its offset and time indexes.
+"""LogSegment: one ``<base offset>.log`` file of whole batches plus its offset and time indexes,
+and its transaction index (``.txnindex``, only once a transaction is aborted in it).
 
 Bytes are written with ``os.pwrite`` at the segment's committed size, so a failed
 or torn write is overwritten by the next append and cut off by recovery. Reads use
@@ -20,10 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strom.records import batch as rb
+from strom.records.control import batch_end_txn_marker
 from strom.storage.checkpoint import fsync
-from strom.storage.errors import KafkaStorageError
+from strom.storage.errors import CorruptRecordError, KafkaStorageError
 from strom.storage.file_cache import CachedFile
 from strom.storage.index import CorruptIndexError, OffsetIndex, TimeIndex
+from strom.storage.producer_state import ProducerStateManager
+from strom.storage.transaction_index import TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +89,10 @@ class LogSegment:
         max_index_size: int,
         roll_jitter_ms: int,
         now_ms: int,
+        txn_index_exists: bool | None = None,
     ) -> None:
+        """``txn_index_exists``: whether a ``.txnindex`` file is there, when the caller knows (a
+        new segment has none; LogLoader lists the directory once); None asks the file system."""
         self.base_offset = base_offset
         self.log_path = dir / file_name(base_offset, LOG_SUFFIX)
         self.index_interval_bytes = index_interval_bytes
@@ -108,6 +115,13 @@ class LogSegment:
         if not existed:
             self._offset_index.create()
             self._time_index.create()
+        # Made when a transaction is first aborted in the segment, or here for an existing file:
+        # most segments never have one, and keep no object for it.
+        self._txn_index: TransactionIndex | None = None
+        if existed and txn_index_exists is not False:
+            txn_index_path = dir / file_name(base_offset, TXN_INDEX_SUFFIX)
+            if txn_index_exists or txn_index_path.exists():
+                self._txn_index = TransactionIndex(txn_index_path, base_offset, exists=True)
         # Every entry of an existing segment's indexes is checked once, when first read (startup
         # checks only their ends, in O(1) per segment).
         self._indexes_checked = not existed
@@ -134,6 +148,24 @@ class LogSegment:
     @property
     def time_index(self) -> TimeIndex:
         return self._time_index
+
+    @property
+    def txn_index(self) -> TransactionIndex:
+        """The segment's transaction index, made empty (no file yet) on first use."""
+        if self._txn_index is None:
+            path = self.log_path.with_name(file_name(self.base_offset, TXN_INDEX_SUFFIX))
+            self._txn_index = TransactionIndex(path, self.base_offset, exists=False)
+        return self._txn_index
+
+    @property
+    def has_aborted_txns(self) -> bool:
+        """Whether the transaction index holds an entry (without making one)."""
+        return self._txn_index is not None and not self._txn_index.is_empty
+
+    @property
+    def txn_index_damage(self) -> CorruptIndexError | None:
+        """Why the transaction index file read at opening is unusable; None when it is fine."""
+        return None if self._txn_index is None else self._txn_index.damaged
 
     def _check_indexes(self) -> None:
         """An index was read from its file: the first time, check every entry of both and rebuild
@@ -188,8 +220,10 @@ class LogSegment:
         else:
             self.rolling_based_timestamp = None
 
-    def recover(self, on_batch: Callable[[rb.BatchHeader], None] | None = None) -> int:
-        """Validate every batch, rebuild the indexes and cut off invalid bytes; returns bytes cut."""
+    def recover(self, on_batch: Callable[[ScannedBatch], None] | None = None) -> int:
+        """Validate every batch, rebuild the offset and time indexes and cut off invalid bytes;
+        returns bytes cut. ``on_batch`` sees each valid batch (the transaction index is the
+        caller's to rebuild: it needs producer state from before the segment)."""
         self._offset_index.reset()
         self._time_index.reset()
         self.next_offset = self.base_offset
@@ -206,7 +240,7 @@ class LogSegment:
                 self.next_offset = header.next_offset
                 valid = batch.position + header.size
                 if on_batch is not None:
-                    on_batch(header)
+                    on_batch(batch)
         except InvalidBatchAt as e:
             log.warning("%s: %s; truncating %d bytes", self.log_path, e, self.size - e.position)
         truncated = self.size - valid
@@ -301,6 +335,50 @@ class LogSegment:
             self._offset_index.mark_inactive()
             self._time_index.mark_inactive()
             self._log_file.close_descriptor()  # reopened by the next read or the roll's flush
+
+    # --- producer state ------------------------------------------------------------
+
+    def update_producer_state(
+        self,
+        state: ProducerStateManager,
+        header: rb.BatchHeader,
+        batch: bytes | bytearray | memoryview | None = None,
+        *,
+        position: int = -1,
+        index: bool = True,
+    ) -> None:
+        """Record a batch of this segment in ``state`` (Kafka's LogSegment.updateProducerState).
+
+        A control batch's marker (``batch``: its bytes, else read at ``position`` in the file)
+        ends its producer's transaction; an aborted one enters this segment's transaction index
+        with the LSO it leaves (``index``: False when replaying a segment whose index is whole).
+        """
+        if not header.attributes & rb.CONTROL_FLAG:
+            state.update(header, header.base_offset, header.max_timestamp)
+            return
+        if batch is None:
+            with self._log_file as fd:
+                batch = os.pread(fd, header.size, position)
+        try:
+            marker = batch_end_txn_marker(batch)
+        except rb.InvalidBatchError as e:
+            raise CorruptRecordError(f"malformed control batch at offset {header.base_offset}: {e}") from e
+        if marker is None:  # emptied by the cleaner, or no transaction marker
+            state.advance_map_end_offset(header.next_offset)
+            return
+        completed = state.update_marker(header, marker)
+        if completed is None:
+            return
+        if index and completed.is_aborted:
+            self.txn_index.append(
+                AbortedTxn(
+                    completed.producer_id,
+                    completed.first_offset,
+                    completed.last_offset,
+                    state.last_stable_offset(completed),
+                )
+            )
+        state.complete_txn(completed)
 
     # --- reading ------------------------------------------------------------------
 
@@ -418,6 +496,8 @@ class LogSegment:
         with self._lock:
             self.offset_index.truncate_to(header.base_offset)
             self.time_index.truncate_to(header.base_offset)
+            if self._txn_index is not None:
+                self._txn_index.truncate_to(header.base_offset)
             with self._log_file as fd:
                 os.ftruncate(fd, position)
             self.size = position
@@ -456,6 +536,8 @@ class LogSegment:
                     return  # renamed away meanwhile (retention, the cleaner's swap): nothing to keep
                 self._offset_index.flush()
                 self._time_index.flush()
+                if self._txn_index is not None:
+                    self._txn_index.flush()
             except OSError as e:
                 raise KafkaStorageError(f"error flushing {self.log_path}: {e}") from e
 
@@ -488,6 +570,8 @@ class LogSegment:
         self.close()
         for path in (self.log_path, self._offset_index.path, self._time_index.path):
             path.unlink(missing_ok=True)
+        if self._txn_index is not None:
+            self._txn_index.delete()
 
     def rename_to_deleted(self, suffix: str) -> list[Path]:
         """Close the segment and rename its files with ``suffix``; returns the new paths.
@@ -497,6 +581,9 @@ class LogSegment:
         """
         self.close()
         renamed = []
+        txn_index = None if self._txn_index is None else self._txn_index.rename_to(suffix)
+        if txn_index is not None:
+            renamed.append(txn_index)
         for path in (self._time_index.path, self._offset_index.path, self.log_path):
             target = path.with_name(path.name + suffix)
             try:

@@ -28,6 +28,7 @@ from strom.records.compression import (
     DecompressionLimitError,
     decompression_limit,
 )
+from strom.storage.append_origin import AppendOrigin
 from strom.storage.errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -99,8 +100,11 @@ def parse_batches(records: bytes | bytearray | memoryview, max_message_bytes: in
     return headers
 
 
-def validate_client_batches(headers: list[rb.BatchHeader]) -> None:
-    """Kafka's per-batch rules for appends coming from clients (LogValidator.validateBatch)."""
+def validate_client_batches(
+    headers: list[rb.BatchHeader], origin: AppendOrigin = AppendOrigin.CLIENT
+) -> None:
+    """Kafka's per-batch rules for appends coming from clients (LogValidator.validateBatch); a
+    coordinator's batches (``origin`` COORDINATOR) carry a producer id without sequences."""
     for index, header in enumerate(headers):
         problem = None
         if header.base_offset != 0:
@@ -116,7 +120,7 @@ def validate_client_batches(headers: list[rb.BatchHeader]) -> None:
             )
         elif header.is_control:
             problem = "clients are not allowed to write control records"
-        elif header.has_producer_id and header.base_sequence < 0:
+        elif header.has_producer_id and header.base_sequence < 0 and origin is AppendOrigin.CLIENT:
             problem = f"invalid sequence number {header.base_sequence} for an idempotent producer"
         if problem is not None:
             raise InvalidRecordError(problem, [(index, problem)])
@@ -162,12 +166,13 @@ def analyze(
     now_ms: int,
     topic_partition: str,
     budget: DecompressionBudget | None = None,
+    origin: AppendOrigin = AppendOrigin.CLIENT,
 ) -> ValidatedRecords:
     """Every check of a client's append, and the topic's recompression: raises a StorageError
     carrying Kafka's code, or returns the record set as it is to be appended. ``budget`` is
     shared by the record sets of one request (a fresh one by default)."""
     headers = parse_batches(records, config.max_message_bytes)
-    validate_client_batches(headers)
+    validate_client_batches(headers, origin)
     if budget is None:
         budget = DecompressionBudget()
     check_timestamps = config.message_timestamp_type == "CreateTime"

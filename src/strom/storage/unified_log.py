@@ -7,6 +7,12 @@ assignment of a leader's appends, the checks of a follower's, ListOffsets and tr
 ``open`` has LogLoader load or recover the directory and starts from what it returns. The
 partition's high watermark is Partition's.
 
+Transactions: producer state tracks each producer's ongoing transaction; the coordinator's
+COMMIT/ABORT markers (``append_transaction_marker`` on a leader, control batches on a follower)
+end them, and an aborted one enters the transaction index of the segment its marker lands in.
+``last_stable_offset`` and ``collect_aborted_transactions`` are what a ``read_committed`` fetch
+asks; both cost nothing much without transactions.
+
 Threading: as LocalLog's module says; the file-mutating steps the broker submits to the log's
 serial I/O executor (``io``) are truncation and leader-epoch checkpoint writes. While ``io`` is
 busy, the loop's own mutations of the segment list (retention, the cleaner's swap) skip the log
@@ -27,6 +33,8 @@ from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
 from strom.records import batch as rb
+from strom.records.control import ControlRecordType, build_control_batch
+from strom.storage.append_origin import AppendOrigin
 from strom.storage.checkpoint import PARTITION_METADATA, PartitionMetadataFile
 from strom.storage.errors import (
     CorruptRecordError,
@@ -43,6 +51,7 @@ from strom.storage.log_loader import CLEAN_SHUTDOWN_FILE, LogLoader, rebuild_pro
 from strom.storage.log_segment import LogSegment
 from strom.storage.log_validator import DecompressionBudget, ValidatedRecords, analyze
 from strom.storage.producer_state import ProducerStateManager
+from strom.storage.transaction_index import AbortedTxn
 
 log = logging.getLogger(__name__)
 
@@ -307,12 +316,17 @@ class UnifiedLog:
     # --- appending ------------------------------------------------------------------
 
     def analyze_for_append(
-        self, records: bytes | bytearray | memoryview, budget: DecompressionBudget | None = None
+        self,
+        records: bytes | bytearray | memoryview,
+        budget: DecompressionBudget | None = None,
+        origin: AppendOrigin = AppendOrigin.CLIENT,
     ) -> ValidatedRecords:
         """Validate a client's record set (every record, see log_validator) and recompress it if
         the topic asks; ``budget``: its request's decompression allowance. Reads only the config
         and the clock: safe on a worker thread."""
-        return analyze(records, self.config, self._time_ms(), f"{self.topic}-{self.partition}", budget)
+        return analyze(
+            records, self.config, self._time_ms(), f"{self.topic}-{self.partition}", budget, origin
+        )
 
     @_log_dir_io
     def append_as_leader(
@@ -320,20 +334,22 @@ class UnifiedLog:
         records: bytes | bytearray | memoryview,
         leader_epoch: int,
         validated: ValidatedRecords | None = None,
+        origin: AppendOrigin = AppendOrigin.CLIENT,
     ) -> LogAppendInfo:
         """Validate a client's record set (unless ``validated`` is analyze_for_append's answer
         for it), assign offsets and append it.
 
-        A writable buffer (bytearray, writable memoryview) is rewritten in place; of bytes, only
-        the batch headers are copied.
+        ``origin`` COORDINATOR: a coordinator's own batches (transactional offset commits), whose
+        producer epochs are checked but which carry no sequences. A writable buffer (bytearray,
+        writable memoryview) is rewritten in place; of bytes, only the batch headers are copied.
         """
         self._check_open()
         config = self.config
         if validated is None:
-            validated = self.analyze_for_append(records)
+            validated = self.analyze_for_append(records, origin=origin)
         records, headers = validated.records, validated.headers
         now = self._time_ms()
-        duplicate = self.producer_state.check_append(headers)
+        duplicate = self.producer_state.check_append(headers, origin)
         log_append_time = now if config.message_timestamp_type == "LogAppendTime" else rb.NO_TIMESTAMP
         if duplicate is not None:
             return LogAppendInfo(
@@ -395,6 +411,57 @@ class UnifiedLog:
             state.update(header, header.base_offset, header.max_timestamp)
         # flush.messages: the caller flushes (off the event loop) when flush_messages_due says so.
         return LogAppendInfo(first_offset, last_offset, log_append_time, self.log_start_offset, record_count)
+
+    @_log_dir_io
+    def append_transaction_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        marker: ControlRecordType,
+        leader_epoch: int,
+    ) -> LogAppendInfo:
+        """Append a transaction coordinator's COMMIT or ABORT marker for ``producer_id`` at the log
+        end (Kafka's appendAsLeader of a marker, origin COORDINATOR).
+
+        Raises InvalidProducerEpochError for an epoch older than the producer's and
+        TransactionCoordinatorFencedError for a coordinator epoch older than its last marker's.
+        A marker for a producer with no ongoing transaction is written all the same and ends
+        nothing (how a hanging transaction is aborted). An ABORT enters the active segment's
+        transaction index.
+        """
+        self._check_open()
+        state = self.producer_state
+        state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        config = self.config
+        now = self._time_ms()
+        first_offset = self.log_end_offset
+        batch = bytearray(
+            build_control_batch(
+                marker,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                coordinator_epoch=coordinator_epoch,
+                base_offset=first_offset,
+                partition_leader_epoch=leader_epoch,
+                timestamp=now,
+            )
+        )
+        log_append_time = rb.NO_TIMESTAMP
+        if config.message_timestamp_type == "LogAppendTime":
+            log_append_time = now
+            rb.set_log_append_time(batch, rb.read_header(batch), now)
+        header = rb.read_header(batch)
+        if self.active_segment.should_roll(
+            config.segment_bytes, config.segment_ms, len(batch), now, first_offset, now
+        ):
+            self.roll()
+        latest_epoch = self.leader_epoch_cache.latest_epoch
+        if leader_epoch >= 0 and (latest_epoch is None or leader_epoch > latest_epoch):
+            self.leader_epoch_cache.assign(leader_epoch, first_offset, flush=False)
+        self._local.append(batch, [header])
+        self.active_segment.update_producer_state(state, header, batch)
+        return LogAppendInfo(first_offset, first_offset, log_append_time, self.log_start_offset, 1)
 
     @_log_dir_io
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo | None:
@@ -478,9 +545,16 @@ class UnifiedLog:
                 cache.assign(epoch, header.base_offset, flush=False)
         self._local.append(data, headers)
         state = self.producer_state
+        segment = self.active_segment
         for header in headers:
-            # Producer state as on the leader, so this replica can lead with idempotence intact.
-            state.update(header, header.base_offset, header.max_timestamp)
+            # Producer state as on the leader, so this replica can lead with idempotence intact;
+            # markers end transactions and fill the transaction index as on the leader.
+            if header.attributes & rb.CONTROL_FLAG:
+                segment.update_producer_state(
+                    state, header, data[header.position : header.position + header.size]
+                )
+            else:
+                state.update(header, header.base_offset, header.max_timestamp)
         record_count = sum(header.records_count for header in headers)
         return LogAppendInfo(first_offset, last_offset, rb.NO_TIMESTAMP, self.log_start_offset, record_count)
 
@@ -533,6 +607,47 @@ class UnifiedLog:
                 f"log start offset {self.log_start_offset}, log end offset {log_end}"
             )
         return self._local.read(fetch_offset, max_bytes, max_offset, min_one_batch)
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest transaction ongoing or ended above the high watermark
+        (never below the log start offset); None when there is none."""
+        first = self.producer_state.first_unstable_offset
+        return None if first is None else max(first, self.log_start_offset)
+
+    def on_high_watermark_updated(self, high_watermark: int) -> None:
+        """The partition's high watermark moved: transactions whose markers are below it stop
+        holding the first unstable offset (which the cleaner also respects). Call it on every
+        move, leader or follower; ``last_stable_offset`` does it too."""
+        self.producer_state.on_high_watermark_updated(high_watermark)
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """The LSO: ``read_committed`` consumers read below it. Transactions whose markers are
+        below ``high_watermark`` stop holding it; then the first unstable offset, capped at the
+        high watermark. Two truth tests when there are no transactions (every fetch asks)."""
+        state = self.producer_state
+        state.on_high_watermark_updated(high_watermark)
+        first = state.first_unstable_offset
+        if first is None:
+            return high_watermark
+        return min(max(first, self.log_start_offset), high_watermark)
+
+    def collect_aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> list[AbortedTxn]:
+        """The aborted transactions overlapping [start_offset, upper_bound_offset) (last offset >=
+        start, first offset < upper bound), from the transaction indexes of the segment holding
+        ``start_offset`` and the later ones, as Kafka's LocalLog.collectAbortedTransactions.
+
+        A transaction's entry is in the segment of its marker, which may lie far after the fetched
+        range, so the walk stops at the first entry whose last stable offset reaches the upper
+        bound (nothing starting below it was still open), not at a segment past the range; a
+        segment without aborted transactions costs a truth test, and entries are in memory."""
+        aborted: list[AbortedTxn] = []
+        for segment in self._local.segments_from(start_offset):
+            if segment.has_aborted_txns and segment.txn_index.collect(
+                start_offset, upper_bound_offset, aborted
+            ):
+                break
+        return aborted
 
     @_log_dir_io
     def fetch_offset_by_timestamp(self, timestamp: int) -> TimestampAndOffset | None:
