@@ -196,12 +196,13 @@ class KafkaWire:
         (data,) = response.responses[0].partitions
         return data
 
-    def list_offset(self, topic: str, timestamp: int, *, partition: int = 0) -> int:
-        """ListOffsets v7 (LATEST, EARLIEST or a timestamp) that must succeed; the offset it names."""
+    def list_offset(self, topic: str, timestamp: int, *, partition: int = 0, isolation_level: int = 0) -> int:
+        """ListOffsets v7 (LATEST, EARLIEST or a timestamp) that must succeed; the offset it names
+        (LATEST with isolation level 1, read_committed, is the LSO)."""
         response = self.request(
             list_offsets7.ListOffsetsRequest(
                 replica_id=-1,
-                isolation_level=0,
+                isolation_level=isolation_level,
                 topics=(
                     list_offsets7.ListOffsetsTopic(
                         name=topic,

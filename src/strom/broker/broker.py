@@ -1,7 +1,8 @@
 """What request handlers use of the broker (BrokerServer implements it): the metadata image and
-admin operations through the control plane, the replica manager, the group coordinator, the log
-manager, configs and endpoints. Handlers are typed against this, not BrokerServer, so that mypy
-proves they use nothing else and a test can build one from real parts without sockets.
+admin operations through the control plane, the replica manager, the group and transaction
+coordinators, the log manager, configs and endpoints. Handlers are typed against this, not
+BrokerServer, so that mypy proves they use nothing else and a test can build one from real parts
+without sockets.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from strom.broker.dynamic_config import DynamicBrokerConfig
     from strom.broker.fetch_session import FetchSessionCache
     from strom.broker.replica_manager import ReplicaManager
+    from strom.broker.transaction.coordinator import TransactionCoordinator
+    from strom.broker.transaction.verification import TransactionVerifier
     from strom.storage import LogManager
 
 
@@ -30,6 +33,8 @@ class Broker(Protocol):
     control_plane: ControlPlane
     replica_manager: ReplicaManager
     group_coordinator: GroupCoordinator
+    transaction_coordinator: TransactionCoordinator
+    transaction_verifier: TransactionVerifier
     log_manager: LogManager
     dynamic_config: DynamicBrokerConfig
     fetch_sessions: FetchSessionCache
@@ -48,6 +53,9 @@ class Broker(Protocol):
 
     async def prepare_offsets_topic(self) -> None:
         """As ensure_offsets_topic, a failure logged (the coordinator then answers unavailable)."""
+
+    async def ensure_transaction_topic(self) -> None:
+        """Create ``__transaction_state`` if it does not exist (CoordinatorUnavailableError)."""
 
     async def auto_create_topic(self, name: str) -> TopicState:
         """Metadata's auto-creation of a topic with the defaults."""

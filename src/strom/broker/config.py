@@ -463,16 +463,51 @@ _CLUSTER = (
         T.SHORT,
         3,
         Range(1),
-        "Replication factor of __transaction_state (transactions are not implemented yet).",
-        effect=False,
+        "Replication factor of __transaction_state (a single node keeps one replica).",
     ),
     _key(
         "transaction.state.log.min.isr",
         T.INT,
         2,
         Range(1),
-        "min.insync.replicas of __transaction_state (transactions are not implemented yet).",
-        effect=False,
+        "min.insync.replicas of __transaction_state (at most its replication factor).",
+    ),
+    _key("transaction.state.log.num.partitions", T.INT, 50, Range(1), "Partitions of __transaction_state."),
+    _key(
+        "transaction.state.log.segment.bytes",
+        T.INT,
+        100 * 1024 * 1024,
+        Range(1024 * 1024),
+        "segment.bytes of __transaction_state.",
+    ),
+    _key(
+        "transactional.id.expiration.ms",
+        T.INT,
+        7 * 24 * 3_600_000,
+        Range(1),
+        "How long a transactional id with no transaction is kept.",
+    ),
+    _key("transaction.max.timeout.ms", T.INT, 900000, Range(1), "The largest transaction timeout allowed."),
+    _key(
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        T.INT,
+        10000,
+        Range(1),
+        "How often the coordinator aborts transactions that passed their timeout.",
+    ),
+    _key(
+        "request.timeout.ms",
+        T.INT,
+        30000,
+        Range(1),
+        "Timeout of the broker's own requests (transaction log writes, transaction markers).",
+    ),
+    _key(
+        "transaction.remove.expired.transaction.cleanup.interval.ms",
+        T.INT,
+        3600000,
+        Range(1),
+        "How often the coordinator removes expired transactional ids.",
     ),
 )
 
@@ -547,27 +582,6 @@ _ACCEPTED = (
         "How often log start offsets are written to disk.",
     ),
     _accepted("socket.listen.backlog.size", T.INT, 50, Range(1), "The listen backlog of server sockets."),
-    _accepted("request.timeout.ms", T.INT, 30000, None, "Timeout of the broker's own requests."),
-    _accepted(
-        "transaction.state.log.num.partitions", T.INT, 50, Range(1), "Partitions of __transaction_state."
-    ),
-    _accepted(
-        "transaction.state.log.segment.bytes",
-        T.INT,
-        100 * 1024 * 1024,
-        Range(1),
-        "segment.bytes of __transaction_state.",
-    ),
-    _accepted(
-        "transactional.id.expiration.ms",
-        T.INT,
-        7 * 24 * 3_600_000,
-        Range(1),
-        "How long an idle transactional id is kept.",
-    ),
-    _accepted(
-        "transaction.max.timeout.ms", T.INT, 900000, Range(1), "The largest transaction timeout allowed."
-    ),
     _accepted(
         "producer.id.expiration.ms",
         T.INT,
@@ -931,6 +945,21 @@ class KafkaConfig:
         )
         self.leader_imbalance_per_broker_percentage: int = self._int("leader.imbalance.per.broker.percentage")
         self.offsets_topic_replication_factor: int = self._int("offsets.topic.replication.factor")
+        self.transaction_state_log_replication_factor: int = self._int(
+            "transaction.state.log.replication.factor"
+        )
+        self.transaction_state_log_min_isr: int = self._int("transaction.state.log.min.isr")
+        self.transaction_state_log_num_partitions: int = self._int("transaction.state.log.num.partitions")
+        self.transaction_state_log_segment_bytes: int = self._int("transaction.state.log.segment.bytes")
+        self.transactional_id_expiration_ms: int = self._int("transactional.id.expiration.ms")
+        self.transaction_max_timeout_ms: int = self._int("transaction.max.timeout.ms")
+        self.request_timeout_ms: int = self._int("request.timeout.ms")
+        self.transaction_abort_timed_out_interval_ms: int = self._int(
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms"
+        )
+        self.transaction_remove_expired_interval_ms: int = self._int(
+            "transaction.remove.expired.transaction.cleanup.interval.ms"
+        )
 
     @property
     def in_cluster(self) -> bool:

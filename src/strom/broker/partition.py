@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from strom.broker.control_plane.metadata import PartitionState
 from strom.protocol.errors import ErrorCode
+from strom.records.control import ControlRecordType
 from strom.storage import (
     FetchDataInfo,
     LogAppendInfo,
@@ -26,6 +27,7 @@ from strom.storage import (
     TimestampAndOffset,
     UnifiedLog,
 )
+from strom.storage.append_origin import AppendOrigin
 from strom.storage.log_validator import ValidatedRecords
 
 
@@ -88,6 +90,7 @@ class Partition:
         self.leader_id = -1 if replicated else local_id
         self.replicas: list[int] = list(isr)
         self.partition_epoch = 0
+        self._high_watermark = -1
         self.high_watermark = (
             log.log_end_offset if high_watermark is None else min(high_watermark, log.log_end_offset)
         )
@@ -96,6 +99,9 @@ class Partition:
         self.followers: dict[int, FollowerState] = {}
         # The ISR of an AlterPartition in flight (one at a time), None when none is.
         self.pending_isr: list[int] | None = None
+        # KIP-890: producer id -> the guard of a verification in flight for its transaction's first
+        # write here; a marker for the producer drops it, so a stale verification cannot append.
+        self._verification_guards: dict[int, object] = {}
         # acks=all produces: each one's future (completed with its error code) and the HW it needs.
         # A waiter leaves when its future is done, also when its produce times out (cancelled).
         self._produce_waiters: dict[asyncio.Future[ErrorCode], int] = {}
@@ -132,9 +138,21 @@ class Partition:
         return self.log.log_start_offset
 
     @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, value: int) -> None:
+        self._high_watermark = value
+        # Transactions decided below the HW stop holding the LSO (and the cleaner's limit), on
+        # leaders and followers alike, whether or not anyone reads with read_committed.
+        self.log.on_high_watermark_updated(value)
+
+    @property
     def last_stable_offset(self) -> int:
-        # No transactions yet: every record below the HW is stable.
-        return self.high_watermark
+        """The first offset of an open (or decided but not yet replicated) transaction, at most the
+        HW: read_committed consumers read below it."""
+        return self.log.last_stable_offset(self.high_watermark)
 
     @property
     def high_watermark_lags_epoch_start(self) -> bool:
@@ -320,7 +338,11 @@ class Partition:
     # -- reads and writes ---------------------------------------------------------------------
 
     def append_records_to_leader(
-        self, records: bytes | memoryview, required_acks: int, validated: ValidatedRecords | None = None
+        self,
+        records: bytes | memoryview,
+        required_acks: int,
+        validated: ValidatedRecords | None = None,
+        origin: AppendOrigin = AppendOrigin.CLIENT,
     ) -> LogAppendInfo:
         if not self.is_leader:
             raise NotLeaderOrFollowerError(f"this broker is not the leader of partition {self.tp}")
@@ -330,12 +352,53 @@ class Partition:
                 f"The size of the current ISR {self.isr} is insufficient to satisfy "
                 f"the min.isr requirement of {min_isr} for partition {self.tp}"
             )
-        info = self.log.append_as_leader(records, self.leader_epoch, validated)
+        info = self.log.append_as_leader(records, self.leader_epoch, validated, origin)
         if self.replicated:
             # A leader alone in its ISR commits its own append (if min.insync allows).
             self.maybe_increment_high_watermark()
         else:
             # The HW is the minimum LEO over the ISR; with ISR = {leader} that is the leader's LEO.
+            self.high_watermark = self.log.log_end_offset
+        return info
+
+    def start_verification(self, producer_id: int) -> object | None:
+        """A guard for verifying the producer's first transactional write here with its
+        coordinator; None when the producer already has a transaction open here (verified)."""
+        entry = self.log.producer_state.last_entry(producer_id)
+        if entry is not None and entry.current_txn_first_offset >= 0:
+            return None
+        guard = self._verification_guards[producer_id] = object()
+        return guard
+
+    def end_verification(self, producer_id: int, guard: object) -> bool:
+        """Whether the verification ``guard`` still holds (no marker for the producer since);
+        the guard is dropped either way."""
+        if self._verification_guards.get(producer_id) is guard:
+            del self._verification_guards[producer_id]
+            return True
+        entry = self.log.producer_state.last_entry(producer_id)
+        return entry is not None and entry.current_txn_first_offset >= 0
+
+    def append_marker_to_leader(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, marker: ControlRecordType
+    ) -> LogAppendInfo:
+        """A transaction coordinator's COMMIT or ABORT marker, written as acks=all writes are
+        (Kafka appends markers with acks=-1): refused below min.insync.replicas."""
+        if not self.is_leader:
+            raise NotLeaderOrFollowerError(f"this broker is not the leader of partition {self.tp}")
+        min_isr = self.min_insync_replicas
+        if len(self.isr) < min_isr:
+            raise NotEnoughReplicasError(
+                f"The size of the current ISR {self.isr} is insufficient to satisfy "
+                f"the min.isr requirement of {min_isr} for partition {self.tp}"
+            )
+        info = self.log.append_transaction_marker(
+            producer_id, producer_epoch, coordinator_epoch, marker, self.leader_epoch
+        )
+        self._verification_guards.pop(producer_id, None)
+        if self.replicated:
+            self.maybe_increment_high_watermark()
+        else:
             self.high_watermark = self.log.log_end_offset
         return info
 
@@ -382,15 +445,30 @@ class Partition:
         return None
 
     def read_records(
-        self, fetch_offset: int, max_bytes: int, min_one_batch: bool, up_to_log_end: bool = False
+        self,
+        fetch_offset: int,
+        max_bytes: int,
+        min_one_batch: bool,
+        up_to_log_end: bool = False,
+        read_committed: bool = False,
     ) -> FetchDataInfo:
-        """Consumers read below the HW; followers (``up_to_log_end``) up to the LEO."""
+        """Consumers read below the HW (read_committed ones below the LSO); followers
+        (``up_to_log_end``) up to the LEO."""
         if up_to_log_end:
             return self.log.read(fetch_offset, max_bytes, None, min_one_batch)
-        if fetch_offset > self.high_watermark and fetch_offset <= self.log.log_end_offset:
-            # Between HW and LEO: nothing visible yet, but not out of range.
+        limit = self.last_stable_offset if read_committed else self.high_watermark
+        if fetch_offset > limit and fetch_offset <= self.log.log_end_offset:
+            # Between the limit and the LEO: nothing visible yet, but not out of range.
             return FetchDataInfo(fetch_offset, b"")
-        return self.log.read(fetch_offset, max_bytes, self.high_watermark, min_one_batch)
+        return self.log.read(fetch_offset, max_bytes, limit, min_one_batch)
+
+    def aborted_transactions(self, fetch_offset: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions a read_committed read from
+        ``fetch_offset`` may overlap: every one ending at or after it and starting below the LSO."""
+        return [
+            (txn.producer_id, txn.first_offset)
+            for txn in self.log.collect_aborted_transactions(fetch_offset, self.last_stable_offset)
+        ]
 
     def fetch_offset_for_timestamp(self, timestamp: int) -> TimestampAndOffset | None:
         found = self.log.fetch_offset_by_timestamp(timestamp)

@@ -34,7 +34,9 @@ from strom.broker.fetch_session import FetchSessionCache
 from strom.broker.partition import NotEnoughReplicasError, Partition, TopicPartition
 from strom.broker.replica_fetcher import ReplicaFetcherManager, ReplicationConfig
 from strom.protocol.errors import ErrorCode
+from strom.records.control import ControlRecordType
 from strom.storage import KafkaStorageError, LogConfig, LogManager, NewLog, StorageError
+from strom.storage.append_origin import AppendOrigin
 from strom.storage.log_validator import DecompressionBudget, ValidatedRecords, needs_worker
 from strom.storage.unified_log import wall_clock_ms
 
@@ -92,6 +94,8 @@ class FetchResult:
     # Records were readable at the fetch offset (below the HW, or the LEO for a follower), read
     # or left for the byte limits: a fetch session reads the partition again at its next fetch.
     more_available: bool = False
+    # read_committed: (producer id, first offset) of the aborted transactions the records overlap.
+    aborted_transactions: list[tuple[int, int]] | None = None
 
 
 # Partition states applied per step of a leadership change (their new logs created together).
@@ -714,7 +718,11 @@ class ReplicaManager:
     # -- produce ------------------------------------------------------------------------------
 
     async def append_records_async(
-        self, required_acks: int, entries: list[tuple[TopicPartition, bytes | None]]
+        self,
+        required_acks: int,
+        entries: list[tuple[TopicPartition, bytes | None]],
+        origin: AppendOrigin = AppendOrigin.CLIENT,
+        verification_guards: dict[TopicPartition, tuple[int, object]] | None = None,
     ) -> dict[TopicPartition, ProduceResult]:
         """append_records for the produce path: record sets whose validation may take long
         (compressed, recompressed or large: log_validator.needs_worker) are validated on a
@@ -730,7 +738,7 @@ class ReplicaManager:
                 continue
             try:
                 validated[tp] = await loop.run_in_executor(
-                    None, partition.log.analyze_for_append, records, budget
+                    None, partition.log.analyze_for_append, records, budget, origin
                 )
             except StorageError as exc:
                 early[tp] = ProduceResult(
@@ -740,7 +748,11 @@ class ReplicaManager:
                     record_errors=list(exc.record_errors),
                 )
         results = self.append_records(
-            required_acks, [entry for entry in entries if entry[0] not in early], validated
+            required_acks,
+            [entry for entry in entries if entry[0] not in early],
+            validated,
+            origin,
+            verification_guards,
         )
         results.update(early)
         return results
@@ -750,7 +762,11 @@ class ReplicaManager:
         required_acks: int,
         entries: list[tuple[TopicPartition, bytes | None]],
         validated: dict[TopicPartition, ValidatedRecords] | None = None,
+        origin: AppendOrigin = AppendOrigin.CLIENT,
+        verification_guards: dict[TopicPartition, tuple[int, object]] | None = None,
     ) -> dict[TopicPartition, ProduceResult]:
+        """``verification_guards``: the KIP-890 verification each transaction's first write to a
+        partition passed; a marker for the producer since then voids it (INVALID_TXN_STATE)."""
         results: dict[TopicPartition, ProduceResult] = {}
         for tp, records in entries:
             partition = self._partitions.get(tp)
@@ -760,9 +776,16 @@ class ReplicaManager:
             if not records:
                 results[tp] = ProduceResult(ErrorCode.invalid_record, error_message="empty record set")
                 continue
+            guard = verification_guards.get(tp) if verification_guards else None
+            if guard is not None and not partition.end_verification(*guard):
+                results[tp] = ProduceResult(
+                    ErrorCode.invalid_txn_state,
+                    error_message="the transaction ended while its write to this partition was verified",
+                )
+                continue
             try:
                 info = partition.append_records_to_leader(
-                    records, required_acks, validated.get(tp) if validated is not None else None
+                    records, required_acks, validated.get(tp) if validated is not None else None, origin
                 )
             except (StorageError, NotEnoughReplicasError) as exc:  # NotLeaderOrFollowerError too
                 results[tp] = ProduceResult(
@@ -784,6 +807,34 @@ class ReplicaManager:
         # ``append`` (a delayed produce) until the HW passes each last offset.
         return results
 
+    def append_transaction_markers(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        marker: ControlRecordType,
+        tps: list[TopicPartition],
+    ) -> dict[TopicPartition, ProduceResult]:
+        """Write one transaction's COMMIT or ABORT marker to each of ``tps`` led here; the caller
+        waits for the ISR (``await_replication``) before the marker counts as written."""
+        results: dict[TopicPartition, ProduceResult] = {}
+        for tp in tps:
+            partition = self._partitions.get(tp)
+            if partition is None:
+                results[tp] = ProduceResult(self._missing_partition_error(tp))
+                continue
+            try:
+                info = partition.append_marker_to_leader(producer_id, producer_epoch, coordinator_epoch, marker)
+            except (StorageError, NotEnoughReplicasError) as exc:
+                results[tp] = ProduceResult(error_code_of(exc), error_message=str(exc) or None)
+                continue
+            results[tp] = ProduceResult(
+                base_offset=info.first_offset, last_offset=info.last_offset, log_start_offset=info.log_start_offset
+            )
+            # The marker moves the LSO: consumers reading committed data may have more now.
+            self._wake_fetchers(tp)
+        return results
+
     def delays_produce(self, required_acks: int) -> bool:
         """Whether a produce with ``required_acks`` waits for replication (acks=-1 in a cluster)."""
         return required_acks == -1 and self.link is not None
@@ -795,12 +846,14 @@ class ReplicaManager:
         timeout_ms: int | None = None,
         *,
         await_replication: bool = True,
+        origin: AppendOrigin = AppendOrigin.CLIENT,
+        verification_guards: dict[TopicPartition, tuple[int, object]] | None = None,
     ) -> dict[TopicPartition, ProduceResult]:
         """``append_records_async``, then the fsyncs that flush.messages asks for, off the event
         loop, before the caller acknowledges (a failed fsync answers KAFKA_STORAGE_ERROR); then,
         when ``delays_produce``, the wait for the ISR (``timeout_ms``: the request's timeout),
         unless the caller waits itself (``await_replication`` False: ``await_replication``)."""
-        results = await self.append_records_async(required_acks, entries)
+        results = await self.append_records_async(required_acks, entries, origin, verification_guards)
         due = [
             (tp, partition)
             for tp, result in results.items()
@@ -856,8 +909,10 @@ class ReplicaManager:
         replica_id: int = -1,
         record_follower_state: bool = False,
         min_one_batch: bool = True,
+        read_committed: bool = False,
     ) -> tuple[dict[TopicPartition, FetchResult], int]:
-        """Consumers (``replica_id`` < 0) read below the HW of partitions led here; a follower
+        """Consumers (``replica_id`` < 0) read below the HW of partitions led here (below the LSO
+        with ``read_committed``, with the aborted transactions their records overlap); a follower
         reads up to the LEO and, with ``record_follower_state``, its fetch offset counts as its LEO.
         With ``min_one_batch`` the first partition with data gets one batch whatever the limits
         (a fetch that reads again after waiting, and read records before, passes False)."""
@@ -898,11 +953,16 @@ class ReplicaManager:
                     min(request.max_bytes, remaining),
                     min_one_batch=min_one_batch and total == 0,
                     up_to_log_end=follower,
+                    read_committed=read_committed,
                 )
             except StorageError as exc:
                 result.error = error_code_of(exc)
             else:
                 result.records = data.records
+                if read_committed and not follower:
+                    result.aborted_transactions = (
+                        partition.aborted_transactions(request.fetch_offset) if data.records else []
+                    )
                 total += len(data.records)
                 remaining = max(0, remaining - len(data.records))
                 if follower and record_follower_state:
@@ -911,7 +971,11 @@ class ReplicaManager:
             result.last_stable_offset = partition.last_stable_offset
             result.log_start_offset = partition.log_start_offset
             result.more_available = request.fetch_offset < (
-                partition.log_end_offset if follower else partition.high_watermark
+                partition.log_end_offset
+                if follower
+                else result.last_stable_offset
+                if read_committed
+                else partition.high_watermark
             )
             results[request.tp] = result
         return results, total

@@ -47,6 +47,10 @@ from strom.broker.handlers import HANDLERS
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager, ReplicationConfig
+from strom.broker.transaction.coordinator import TransactionConfig, TransactionCoordinator
+from strom.broker.transaction.markers import TransactionMarkerChannel
+from strom.broker.transaction.state_manager import TRANSACTION_STATE_TOPIC, TransactionStateManager
+from strom.broker.transaction.verification import TransactionVerifier
 from strom.storage import KafkaStorageError, LogConfig, LogManager, StorageError, UnifiedLog
 from strom.storage.checkpoint import TOPIC_CONFIGS, TopicConfigsFile
 from strom.storage.file_cache import default_max_open, file_cache
@@ -166,6 +170,11 @@ class BrokerServer:
         self._dirty_topics: set[str] = set()
         self._dirty = asyncio.Event()
         self._cluster_ready = False
+        group_metadata = GroupMetadataManager(
+            self.replica_manager,
+            config.offsets_topic_num_partitions,
+            commit_timeout_ms=config.offsets_commit_timeout_ms,
+        )
         self.group_coordinator = GroupCoordinator(
             GroupConfig(
                 min_session_timeout_ms=config.group_min_session_timeout_ms,
@@ -175,15 +184,39 @@ class BrokerServer:
                 offsets_retention_ms=config.offsets_retention_minutes * 60_000,
                 offset_metadata_max_bytes=config.offset_metadata_max_bytes,
             ),
-            GroupMetadataManager(
-                self.replica_manager,
-                config.offsets_topic_num_partitions,
-                commit_timeout_ms=config.offsets_commit_timeout_ms,
-            ),
+            group_metadata,
             self._request_offsets_topic,
             # In a cluster the coordinator owns the groups of the offsets partitions this broker leads.
             follows_leadership=config.in_cluster,
         )
+        # The transaction coordinator loads its partitions with the group coordinator's loader.
+        markers = TransactionMarkerChannel(
+            self.node_id,
+            self.replica_manager,
+            self.group_coordinator,
+            self.replica_manager.peer_endpoint,
+            request_timeout_ms=config.request_timeout_ms,
+        )
+        self.transaction_coordinator = TransactionCoordinator(
+            TransactionConfig(
+                max_timeout_ms=config.transaction_max_timeout_ms,
+                id_expiration_ms=config.transactional_id_expiration_ms,
+            ),
+            TransactionStateManager(
+                self.replica_manager,
+                config.transaction_state_log_num_partitions,
+                group_metadata.loader,
+                write_timeout_ms=config.request_timeout_ms,
+            ),
+            markers,
+            self.producer_ids.generate,
+            self._leader_of,
+            follows_leadership=config.in_cluster,
+        )
+        self.transaction_verifier = TransactionVerifier(
+            self.node_id, self.transaction_coordinator, markers, self._transaction_coordinator_of
+        )
+        self._transaction_topic_lock = asyncio.Lock()
         self._dispatcher = RequestDispatcher(self, HANDLERS)
         self._servers: list[asyncio.Server] = []
         self.network = NetworkLimits(
@@ -231,6 +264,8 @@ class BrokerServer:
         heap.freeze()  # the loaded logs live as long as the broker
         loop = asyncio.get_running_loop()
         self.group_coordinator.startup()
+        if self.zk_plane is None:
+            self._lead_transaction_log()
         listeners = self.config.client_listeners()
         for listener in listeners:
             protected = len(listeners) > 1 and listener.name == self.config.inter_broker_listener_name
@@ -262,6 +297,12 @@ class BrokerServer:
             loop.create_task(
                 self._every(self.config.offsets_retention_check_interval_ms, self._expire_group_offsets)
             ),
+            loop.create_task(
+                self._every(self.config.transaction_abort_timed_out_interval_ms, self._abort_timed_out_transactions)
+            ),
+            loop.create_task(
+                self._every(self.config.transaction_remove_expired_interval_ms, self._remove_expired_transactions)
+            ),
         ]
         if self.config.log_cleaner_enable:
             self.log_manager.start_cleaner(self.config.cleaner_config)
@@ -272,6 +313,7 @@ class BrokerServer:
         if self.zk_plane is not None:
             # The coordinator owns the groups of the offsets partitions this broker leads.
             self.replica_manager.add_leadership_listener(self.group_coordinator)
+            self.replica_manager.add_leadership_listener(self.transaction_coordinator)
             await self._join_cluster(self.zk_plane)
         log.info(
             "broker started",
@@ -525,6 +567,7 @@ class BrokerServer:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.transaction_coordinator.shutdown()
         self.group_coordinator.shutdown()
         if self.zk_plane is not None:
             # Deregisters: the controller moves on without this broker.
@@ -584,6 +627,12 @@ class BrokerServer:
 
     async def _expire_group_offsets(self) -> None:
         await self.group_coordinator.expire_offsets()
+
+    async def _abort_timed_out_transactions(self) -> None:
+        self.transaction_coordinator.abort_timed_out_transactions()
+
+    async def _remove_expired_transactions(self) -> None:
+        await self.transaction_coordinator.remove_expired_transactional_ids()
 
     async def _flush(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.log_manager.flush_dirty_logs)
@@ -822,6 +871,80 @@ class BrokerServer:
         except (StorageError, CoordinatorUnavailableError) as e:
             log.error("cannot create the offsets topic", extra={"error": str(e)})
 
+    def _transaction_topic_configs(self) -> dict[str, str]:
+        return {
+            "cleanup.policy": "compact",
+            "compression.type": "uncompressed",
+            "segment.bytes": str(self.config.transaction_state_log_segment_bytes),
+            "unclean.leader.election.enable": "false",
+        }
+
+    async def ensure_transaction_topic(self) -> None:
+        """Create ``__transaction_state`` on first use (FindCoordinator for a transactional id), as
+        Kafka does: compacted; in a cluster with transaction.state.log.replication.factor replicas
+        and transaction.state.log.min.isr, refused with fewer live brokers than the factor."""
+        if self.control_plane.image.topic(TRANSACTION_STATE_TOPIC) is not None:
+            return
+        num_partitions = self.config.transaction_state_log_num_partitions
+        async with self._transaction_topic_lock:
+            if self.control_plane.image.topic(TRANSACTION_STATE_TOPIC) is not None:
+                return
+            if not self.control_plane.replicated:
+                with contextlib.suppress(TopicExistsError):
+                    await self.control_plane.create_topic(
+                        TRANSACTION_STATE_TOPIC, num_partitions, self._transaction_topic_configs()
+                    )
+                self._lead_transaction_log()
+                return
+            factor = self.config.transaction_state_log_replication_factor
+            live = len(self.control_plane.live_broker_ids)
+            if live < factor:
+                raise CoordinatorUnavailableError(
+                    f"Number of alive brokers '{live}' does not meet the required replication factor "
+                    f"'{factor}' for the transactions state topic (configured via "
+                    "'transaction.state.log.replication.factor'). This error can be ignored if the "
+                    "cluster is starting up and not all brokers are up yet."
+                )
+            configs = {
+                **self._transaction_topic_configs(),
+                "min.insync.replicas": str(min(self.config.transaction_state_log_min_isr, factor)),
+            }
+            try:
+                await self.control_plane.create_topic(
+                    TRANSACTION_STATE_TOPIC,
+                    num_partitions,
+                    configs,
+                    replication_factor=factor,
+                    timeout_ms=ADMIN_TIMEOUT_MS,
+                )
+            except TopicExistsError:
+                pass
+            except (MetadataWaitTimeout, InvalidReplicationFactorError) as e:
+                raise CoordinatorUnavailableError(str(e)) from e
+
+    def _lead_transaction_log(self) -> None:
+        """A single node coordinates every partition of ``__transaction_state`` it hosts."""
+        topic = self.control_plane.image.topic(TRANSACTION_STATE_TOPIC)
+        if topic is None:
+            return
+        for state in topic.partitions:
+            self.transaction_coordinator.on_become_leader(
+                TopicPartition(TRANSACTION_STATE_TOPIC, state.partition), state.leader_epoch
+            )
+
+    def _transaction_coordinator_of(self, transactional_id: str) -> int | None:
+        state = self.transaction_coordinator.state
+        return self._leader_of(state.topic_partition_of(transactional_id))
+
+    def _leader_of(self, tp: TopicPartition) -> int | None:
+        """The broker leading ``tp`` (-1 while none does), None when it does not exist."""
+        topic = self.control_plane.image.topic(tp.topic)
+        if topic is None or not 0 <= tp.partition < len(topic.partitions):
+            return None
+        if not self.control_plane.replicated:
+            return self.node_id
+        return topic.partitions[tp.partition].leader
+
     def _request_offsets_topic(self) -> None:
         """For the group coordinator's synchronous paths: start creating ``__consumer_offsets`` if it
         does not exist. Until it does, the coordinator answers COORDINATOR_NOT_AVAILABLE (as Kafka
@@ -843,6 +966,8 @@ class BrokerServer:
         if name == OFFSETS_TOPIC:
             # An internal topic is created with its own layout, never with the defaults of user topics.
             await self.ensure_offsets_topic()
+        elif name == TRANSACTION_STATE_TOPIC:
+            await self.ensure_transaction_topic()
         else:
             # Created meanwhile by another request; in a cluster, leaders not elected yet (the
             # partitions answer LEADER_NOT_AVAILABLE and the client asks again).

@@ -40,6 +40,7 @@ class ApiKey(enum.IntEnum):
     ADD_PARTITIONS_TO_TXN = 24
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
+    WRITE_TXN_MARKERS = 27
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
@@ -53,6 +54,9 @@ class ApiKey(enum.IntEnum):
     LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
     LIST_CONFIG_RESOURCES = 74
     DESCRIBE_TOPIC_PARTITIONS = 75
 
@@ -87,6 +91,16 @@ SUPPORTED_VERSIONS: dict[ApiKey, VersionRange] = {
     ApiKey.DELETE_RECORDS: VersionRange(0, 2),
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 5),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 4),
+    # Transactions as Kafka 4.1 runs the classic protocol: AddPartitionsToTxn up to the brokers'
+    # verify-only batch (v4), EndTxn and AddOffsetsToTxn capped at v4 (v5 would mean KIP-890
+    # part 2, whose transaction.version feature Strom does not advertise), WriteTxnMarkers v1.
+    ApiKey.ADD_PARTITIONS_TO_TXN: VersionRange(0, 4),
+    ApiKey.ADD_OFFSETS_TO_TXN: VersionRange(0, 4),
+    ApiKey.END_TXN: VersionRange(0, 4),
+    ApiKey.WRITE_TXN_MARKERS: VersionRange(1, 1),
+    ApiKey.DESCRIBE_PRODUCERS: VersionRange(0, 0),
+    ApiKey.DESCRIBE_TRANSACTIONS: VersionRange(0, 0),
+    ApiKey.LIST_TRANSACTIONS: VersionRange(0, 1),
     ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4),
     ApiKey.ALTER_CONFIGS: VersionRange(0, 2),
     ApiKey.DESCRIBE_LOG_DIRS: VersionRange(1, 4),

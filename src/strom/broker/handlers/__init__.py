@@ -38,6 +38,15 @@ from strom.broker.handlers.reassignments import (
 )
 from strom.broker.handlers.replica_log_dirs import handle_alter_replica_log_dirs
 from strom.broker.handlers.topics import handle_create_partitions, handle_create_topics, handle_delete_topics
+from strom.broker.handlers.transactions import (
+    handle_add_offsets_to_txn,
+    handle_add_partitions_to_txn,
+    handle_describe_producers,
+    handle_describe_transactions,
+    handle_end_txn,
+    handle_list_transactions,
+    handle_write_txn_markers,
+)
 from strom.protocol.apis import ApiKey
 
 HANDLERS: dict[ApiKey, Handler] = {
@@ -60,6 +69,13 @@ HANDLERS: dict[ApiKey, Handler] = {
     ApiKey.DELETE_RECORDS: handle_delete_records,
     ApiKey.INIT_PRODUCER_ID: handle_init_producer_id,
     ApiKey.OFFSET_FOR_LEADER_EPOCH: handle_offset_for_leader_epoch,
+    ApiKey.ADD_PARTITIONS_TO_TXN: handle_add_partitions_to_txn,
+    ApiKey.ADD_OFFSETS_TO_TXN: handle_add_offsets_to_txn,
+    ApiKey.END_TXN: handle_end_txn,
+    ApiKey.WRITE_TXN_MARKERS: handle_write_txn_markers,
+    ApiKey.DESCRIBE_PRODUCERS: handle_describe_producers,
+    ApiKey.DESCRIBE_TRANSACTIONS: handle_describe_transactions,
+    ApiKey.LIST_TRANSACTIONS: handle_list_transactions,
     ApiKey.DESCRIBE_CONFIGS: handle_describe_configs,
     ApiKey.ALTER_CONFIGS: handle_alter_configs,
     ApiKey.DESCRIBE_LOG_DIRS: handle_describe_log_dirs,

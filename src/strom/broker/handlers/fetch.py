@@ -45,6 +45,7 @@ from strom.broker.slices import SLICE_SIZE, ArrayBuilder, sliced
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import build, has_field, to_ms
 
+READ_COMMITTED = 1
 # Errors that tell a client to look for the leader elsewhere: answered with KIP-951 hints.
 LEADER_ERRORS = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch})
 
@@ -142,6 +143,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
             max_wait_ms=to_ms(request.max_wait),
             min_bytes=request.min_bytes,
             max_bytes=max(0, min(getattr(request, "max_bytes", 0x7FFFFFFF), broker.config.fetch_max_bytes)),
+            read_committed=replica_id < 0 and getattr(request, "isolation_level", 0) == READ_COMMITTED,
         )
         error, session_id, answered = context.respond(results, tps)
     finally:
@@ -163,7 +165,12 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
             high_watermark=result.high_watermark,
             last_stable_offset=result.last_stable_offset,
             log_start_offset=result.log_start_offset,
-            aborted_transactions=None,
+            aborted_transactions=None
+            if result.aborted_transactions is None
+            else tuple(
+                build(r.AbortedTransaction, producer_id=producer_id, first_offset=first_offset)
+                for producer_id, first_offset in result.aborted_transactions
+            ),
             preferred_read_replica=-1,
             records=result.records,
             **_partition_hints(r, tp, result, hints),
@@ -210,6 +217,7 @@ async def read_partitions(
     max_wait_ms: int,
     min_bytes: int,
     max_bytes: int,
+    read_committed: bool = False,
 ) -> tuple[dict[PartitionKey, FetchResult], dict[PartitionKey, TopicPartition]]:
     """Read the fetch's partitions (a session's: only those ready, see ``strom.broker.fetch_session``)
     and, while fewer than ``min_bytes`` are available, wait up to ``max_wait_ms`` (a delayed fetch)
@@ -290,7 +298,7 @@ async def read_partitions(
         # once in this fetch and then quiet, so recorded now or never (its follower would fall
         # out of the ISR, and never rejoin, though it fetched).
         read, _ = replica_manager.read_from_local_log(
-            reads, max(0, max_bytes - total), replica_id, True, min_one_batch=total == 0
+            reads, max(0, max_bytes - total), replica_id, True, min_one_batch=total == 0, read_committed=read_committed
         )
         first = False
         for key, fetch in zip(read_keys, reads, strict=True):

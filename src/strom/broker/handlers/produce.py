@@ -1,5 +1,8 @@
 """Produce (0): append record batches to partition leaders.
 
+A transaction's first write to a partition is verified with its coordinator first (KIP-890 part
+1, ``strom.broker.transaction.verification``).
+
 The handler never looks inside a batch: the log validates every record (on a worker
 thread when that may take long) and assigns offsets. With acks=0 nothing is answered; when such a produce fails the
 connection is closed, which is the producer's only signal (as in Kafka). An acks=all produce in
@@ -20,6 +23,7 @@ from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ProduceResult
 from strom.protocol.errors import ErrorCode
 from strom.protocol.messages import ZERO_UUID, build, has_field, to_ms
+from strom.records import batch as rb
 
 
 def _append_time(ms: int) -> datetime.datetime | None:
@@ -52,11 +56,6 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             tps.append(tp)
             if acks not in (0, 1, -1):
                 early[tp] = ProduceResult(ErrorCode.invalid_required_acks)
-            elif request.transactional_id is not None:
-                early[tp] = ProduceResult(
-                    ErrorCode.transactional_id_authorization_failed,
-                    error_message="Strom does not support transactions yet",
-                )
             elif topic is None:
                 early[tp] = ProduceResult(unknown)
             elif topic.internal:
@@ -71,9 +70,19 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
         order.append((topic_id or ZERO_UUID if by_id else name, tps))
 
     replica_manager = broker.replica_manager
+    guards: dict[TopicPartition, tuple[int, object]] = {}
+    if request.transactional_id is not None and entries:
+        guards = await _verify_first_writes(ctx, request.transactional_id, entries, early)
+        entries = [entry for entry in entries if entry[0] not in early]
     delayed = bool(entries) and replica_manager.delays_produce(acks)
     results = (
-        await replica_manager.append(acks, entries, to_ms(request.timeout), await_replication=not delayed)
+        await replica_manager.append(
+            acks,
+            entries,
+            to_ms(request.timeout),
+            await_replication=not delayed,
+            verification_guards=guards,
+        )
         if entries
         else {}
     )
@@ -86,6 +95,38 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
         # Appended: the wait for the ISR lets the connection take its next request meanwhile.
         return DelayedResponse(_respond_when_replicated(ctx, request, results, order))
     return _produce_response(ctx, results, order)
+
+
+async def _verify_first_writes(
+    ctx: RequestContext,
+    transactional_id: str,
+    entries: list[tuple[TopicPartition, bytes | None]],
+    early: dict[TopicPartition, ProduceResult],
+) -> dict[TopicPartition, tuple[int, object]]:
+    """KIP-890: ask the coordinator about each partition this transaction writes to here for the
+    first time; a partition it does not confirm is answered its error (in ``early``). Returns the
+    verification guards of the confirmed ones."""
+    replica_manager = ctx.broker.replica_manager
+    pending: dict[tuple[int, int], dict[TopicPartition, object]] = {}
+    for tp, records in entries:
+        partition = replica_manager.partition(tp)
+        if partition is None or records is None or len(records) < rb.HEADER_SIZE:
+            continue  # answered by the append itself
+        header = rb.read_header(memoryview(records), 0)
+        if not header.is_transactional or header.producer_id < 0:
+            continue
+        guard = partition.start_verification(header.producer_id)
+        if guard is not None:
+            pending.setdefault((header.producer_id, header.producer_epoch), {})[tp] = guard
+    guards: dict[TopicPartition, tuple[int, object]] = {}
+    for (producer_id, producer_epoch), tps in pending.items():
+        errors = await ctx.broker.transaction_verifier.verify(transactional_id, producer_id, producer_epoch, set(tps))
+        for tp, guard in tps.items():
+            if errors[tp] == ErrorCode.none:
+                guards[tp] = (producer_id, guard)
+            else:
+                early[tp] = ProduceResult(errors[tp], error_message="the partition is not in the producer's transaction")
+    return guards
 
 
 async def _respond_when_replicated(

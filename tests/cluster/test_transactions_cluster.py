@@ -1,0 +1,116 @@
+"""Transactions in a 3-broker cluster: ``__transaction_state`` replicated (factor 3, min ISR 2),
+markers sent to partition leaders on other brokers, and the coordinator moving when its broker
+is killed with SIGKILL. Every transaction ends the same way on all its partitions; a
+read_committed consumer sees each committed record exactly once and no aborted one."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+
+from cluster_harness import RECOVERY_TIMEOUT, Cluster
+from integration.clients_util import confluent_consumer, poll_confluent
+from kafka_wire import KafkaWire, kio_request
+from strom.protocol.errors import ErrorCode
+
+pytestmark = pytest.mark.cluster
+
+CLUSTER = {
+    "overrides": {
+        "transaction.state.log.num.partitions": "3",
+        "offsets.topic.num.partitions": "3",
+    }
+}
+PARTITIONS = 3
+
+
+def _producer(cluster: Cluster, transactional_id: str) -> Producer:
+    return Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "transactional.id": transactional_id,
+            "linger.ms": 2,
+            "topic.metadata.refresh.interval.ms": 1000,
+            "transaction.timeout.ms": 30000,
+        }
+    )
+
+
+def _coordinator(cluster: Cluster, transactional_id: str) -> int | None:
+    find = kio_request("find_coordinator", 3)
+    for broker_id in cluster.live_ids():
+        try:
+            with KafkaWire.connect(cluster.address(broker_id)) as wire:
+                response = wire.request(find.FindCoordinatorRequest(key=transactional_id, key_type=1))
+        except OSError:
+            continue
+        if response.error_code == ErrorCode.none:
+            return int(response.node_id)
+    return None
+
+
+def _read_committed(cluster: Cluster, topic: str, count: int, timeout: float) -> list[bytes]:
+    consumer = confluent_consumer(
+        cluster.bootstrap, **{"isolation.level": "read_committed", "group.id": uuid.uuid4().hex}
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        return sorted(c.value for c in poll_confluent(consumer, count, timeout) if c.value is not None)
+    finally:
+        consumer.close()
+
+
+def _send(producer: Producer, topic: str, values: list[bytes]) -> None:
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, partition=i % PARTITIONS)
+    producer.flush(15)
+
+
+def test_markers_reach_partition_leaders_on_other_brokers(cluster: Cluster) -> None:
+    topic = f"txn-cluster-{uuid.uuid4().hex[:6]}"
+    cluster.create_topic(topic, partitions=PARTITIONS)
+    producer = _producer(cluster, f"spread-{uuid.uuid4().hex[:6]}")
+    producer.init_transactions(30)
+    committed: list[bytes] = []
+    for n in range(4):
+        values = [f"t{n}-{i}".encode() for i in range(30)]
+        producer.begin_transaction()
+        _send(producer, topic, values)
+        if n == 2:
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+            committed += values
+    leaders = {cluster.metadata(topic).partition(topic, p).leader for p in range(PARTITIONS)}
+    assert len(leaders) > 1  # the markers went to more than one broker
+    assert _read_committed(cluster, topic, len(committed) + 1, timeout=5) == sorted(committed)
+
+
+def test_the_coordinator_moves_when_its_broker_is_killed(cluster: Cluster) -> None:
+    topic = f"txn-failover-{uuid.uuid4().hex[:6]}"
+    cluster.create_topic(topic, partitions=PARTITIONS)
+    transactional_id = f"failover-{uuid.uuid4().hex[:6]}"
+    producer = _producer(cluster, transactional_id)
+    producer.init_transactions(30)
+    first = [f"first-{i}".encode() for i in range(30)]
+    producer.begin_transaction()
+    _send(producer, topic, first)
+    coordinator = _coordinator(cluster, transactional_id)
+    assert coordinator is not None
+    cluster.kill(coordinator)
+    # librdkafka finds the new coordinator, which loaded the Ongoing transaction from the
+    # replicated log, and commits there.
+    producer.commit_transaction(RECOVERY_TIMEOUT + 30)
+    deadline = time.monotonic() + RECOVERY_TIMEOUT
+    while (moved := _coordinator(cluster, transactional_id)) in (None, coordinator) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert moved not in (None, coordinator)
+    second = [f"second-{i}".encode() for i in range(30)]
+    producer.begin_transaction()
+    _send(producer, topic, second)
+    producer.commit_transaction(30)
+    assert _read_committed(cluster, topic, 61, timeout=10) == sorted(first + second)
+    cluster.start_broker(coordinator)
