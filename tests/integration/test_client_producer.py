@@ -307,8 +307,8 @@ def test_close_flushes_what_is_queued(bootstrap: str) -> None:
 
 
 def test_config_rules_for_idempotence_and_transactions(bootstrap: str) -> None:
-    with pytest.raises(ConfigException, match="transactions are not supported yet"):
-        Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx"})
+    with pytest.raises(ConfigException, match="needs the idempotent producer"):
+        Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx", "enable.idempotence": False})
     with pytest.raises(ConfigException, match="acks must be all"):
         Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "1"})
     with pytest.raises(ConfigException, match="at most 5"):

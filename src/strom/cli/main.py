@@ -29,6 +29,7 @@ from strom.cli import (
     pipeline,
     produce,
     topics,
+    transactions,
 )
 from strom.cli.common import ArgumentParser, CliError, bootstrap_servers, check_cluster, key_value
 from strom.cli.error_text import explain
@@ -44,6 +45,7 @@ COMMANDS = (
     produce,
     consume,
     groups,
+    transactions,
     configs,
     offsets,
     delete_records,

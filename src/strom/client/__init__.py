@@ -22,12 +22,22 @@ from strom.client.cluster import TopicPartition
 from strom.client.consumer import (
     AsyncConsumer,
     Consumer,
+    ConsumerGroupMetadata,
     ConsumerRebalanceListener,
     ConsumerRecord,
     OffsetAndMetadata,
     OffsetAndTimestamp,
 )
-from strom.client.errors import CommitFailedError, ConfigException, KafkaException, KafkaTimeoutError
+from strom.client.errors import (
+    CommitFailedError,
+    ConfigException,
+    KafkaException,
+    KafkaTimeoutError,
+    ProducerFencedError,
+    TransactionAbortableError,
+    TransactionAbortedError,
+    TransactionFatalError,
+)
 from strom.client.producer import (
     AsyncFutureRecordMetadata,
     AsyncProducer,
@@ -47,6 +57,7 @@ __all__ = [
     "ConfigException",
     "ConfigResource",
     "Consumer",
+    "ConsumerGroupMetadata",
     "ConsumerRebalanceListener",
     "ConsumerRecord",
     "FutureRecordMetadata",
@@ -58,6 +69,10 @@ __all__ = [
     "OffsetAndTimestamp",
     "OffsetSpec",
     "Producer",
+    "ProducerFencedError",
     "RecordMetadata",
     "TopicPartition",
+    "TransactionAbortableError",
+    "TransactionAbortedError",
+    "TransactionFatalError",
 ]

@@ -10,6 +10,10 @@ __all__ = [
     "ErrorCode",
     "KafkaException",
     "KafkaTimeoutError",
+    "ProducerFencedError",
+    "TransactionAbortableError",
+    "TransactionAbortedError",
+    "TransactionFatalError",
 ]
 
 
@@ -44,3 +48,19 @@ class ConfigException(KafkaException):
 
 class CommitFailedError(KafkaException):
     """A consumer's offset commit was refused because the group rebalanced around it."""
+
+
+class TransactionAbortableError(KafkaException):
+    """The ongoing transaction failed: ``abort_transaction()`` it, then the producer can go on."""
+
+
+class TransactionFatalError(KafkaException):
+    """The transactional producer cannot go on (fenced, not authorized, ...): it can only be closed."""
+
+
+class ProducerFencedError(TransactionFatalError):
+    """Another producer with the same ``transactional.id`` (or a newer epoch of it) took over."""
+
+
+class TransactionAbortedError(KafkaException):
+    """A record of a transaction that was aborted before the record was sent."""

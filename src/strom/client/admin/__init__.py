@@ -3,6 +3,7 @@
 from strom.client.admin.client import AsyncAdminClient
 from strom.client.admin.sync import AdminClient
 from strom.client.admin.types import (
+    AbortTransactionSpec,
     AlterConfigOp,
     AlterConfigOpType,
     ClusterDescription,
@@ -20,11 +21,15 @@ from strom.client.admin.types import (
     OffsetSpec,
     PartitionInfo,
     PartitionReassignment,
+    ProducerState,
     TopicDescription,
     TopicPartitionReplica,
+    TransactionDescription,
+    TransactionListing,
 )
 
 __all__ = [
+    "AbortTransactionSpec",
     "AdminClient",
     "AlterConfigOp",
     "AlterConfigOpType",
@@ -44,6 +49,9 @@ __all__ = [
     "OffsetSpec",
     "PartitionInfo",
     "PartitionReassignment",
+    "ProducerState",
     "TopicDescription",
     "TopicPartitionReplica",
+    "TransactionDescription",
+    "TransactionListing",
 ]

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from strom.client.admin import requests
 from strom.client.admin.types import (
+    AbortTransactionSpec,
     AlterConfigOp,
     AlterConfigOpType,
     ClusterDescription,
@@ -39,14 +40,17 @@ from strom.client.admin.types import (
     OffsetSpec,
     PartitionInfo,
     PartitionReassignment,
+    ProducerState,
     TopicDescription,
     TopicPartitionReplica,
+    TransactionDescription,
+    TransactionListing,
 )
 from strom.client.cluster import TopicPartition
 from strom.client.config import ADMIN, resolve
 from strom.client.consumer.structs import OffsetAndMetadata
 from strom.client.errors import KafkaException, KafkaTimeoutError
-from strom.client.network_client import NetworkClient
+from strom.client.network_client import GROUP_KEY, TRANSACTION_KEY, NetworkClient
 from strom.network.connection import (
     BrokerConnection,
     KafkaConnectionError,
@@ -55,6 +59,7 @@ from strom.network.connection import (
 )
 from strom.network.pool import Node
 from strom.protocol.errors import ErrorCode
+from strom.protocol.messages import to_ms
 
 K = TypeVar("K", bound=Hashable)
 
@@ -89,6 +94,7 @@ class AsyncAdminClient:
         self._api_timeout = self.config["default.api.timeout.ms"] / 1000
         self._retries: int = self.config["retries"]
         self._coordinators: dict[str, int] = {}
+        self._transaction_coordinators: dict[str, int] = {}
 
     async def __aenter__(self) -> AsyncAdminClient:
         return self
@@ -193,8 +199,9 @@ class AsyncAdminClient:
         return outcomes
 
     def _forget_node(self, node_id: int) -> None:
-        for group_id in [g for g, n in self._coordinators.items() if n == node_id]:
-            del self._coordinators[group_id]
+        for coordinators in (self._coordinators, self._transaction_coordinators):
+            for key in [k for k, n in coordinators.items() if n == node_id]:
+                del coordinators[key]
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -205,23 +212,25 @@ class AsyncAdminClient:
             return cluster.controller_id
         return self._client.least_loaded_node()
 
-    async def _coordinator(self, group_id: str) -> int:
-        node_id = self._coordinators.get(group_id)
+    async def _coordinator(self, key: str, key_type: int = GROUP_KEY) -> int:
+        """The coordinator of a group (or, with key_type 1, of a transactional id)."""
+        coordinators = self._coordinators if key_type == GROUP_KEY else self._transaction_coordinators
+        node_id = coordinators.get(key)
         if node_id is None:
-            node = await self._client.find_coordinator(group_id)
-            node_id = self._coordinators[group_id] = node.node_id
+            node = await self._client.find_coordinator(key, key_type)
+            node_id = coordinators[key] = node.node_id
         return node_id
 
     async def _by_coordinator(
-        self, group_ids: Iterable[str]
+        self, keys: Iterable[str], key_type: int = GROUP_KEY
     ) -> tuple[dict[int, list[str]], dict[str, KafkaException]]:
         by_node: dict[int, list[str]] = defaultdict(list)
         errors: dict[str, KafkaException] = {}
-        for group_id in group_ids:
+        for key in keys:
             try:
-                by_node[await self._coordinator(group_id)].append(group_id)
+                by_node[await self._coordinator(key, key_type)].append(key)
             except KafkaException as exc:
-                errors[group_id] = exc
+                errors[key] = exc
         return by_node, errors
 
     async def _send_to_coordinator(self, group_id: str, build: Callable[[BrokerConnection], Any]) -> Any:
@@ -706,6 +715,149 @@ class AsyncAdminClient:
 
         low = await self._call("DeleteRecords", before_offsets, attempt, timeout)
         return {tp: low[tp] for tp in before_offsets}
+
+    # -- transactions ----------------------------------------------------------------------
+
+    async def describe_transactions(
+        self, transactional_ids: Sequence[str], *, timeout: float | None = None
+    ) -> dict[str, TransactionDescription]:
+        """Each transactional id's state from its coordinator (TRANSACTIONAL_ID_NOT_FOUND for an unknown id)."""
+
+        async def send(node_id: int, pending: list[str]) -> dict[str, Any]:
+            response = await self._client.send(node_id, lambda c: requests.describe_transactions(c, pending))
+            outcomes: dict[str, Any] = {}
+            for t in response.transaction_states:
+                if t.error_code != ErrorCode.none:
+                    if t.error_code in _COORDINATOR_MOVED:
+                        self._transaction_coordinators.pop(t.transactional_id, None)
+                    outcomes[t.transactional_id] = _error(t.error_code, f"transactional id '{t.transactional_id}'")
+                    continue
+                start = round(t.transaction_start_time.timestamp() * 1000)  # -1: no open transaction
+                outcomes[t.transactional_id] = TransactionDescription(
+                    coordinator_id=node_id,
+                    state=t.transaction_state,
+                    producer_id=int(t.producer_id),
+                    producer_epoch=int(t.producer_epoch),
+                    transaction_timeout_ms=to_ms(t.transaction_timeout),
+                    transaction_start_time_ms=start if start >= 0 else None,
+                    topic_partitions=frozenset(
+                        TopicPartition(topic.topic, p) for topic in t.topics for p in topic.partitions
+                    ),
+                )
+            return outcomes
+
+        async def attempt(pending: list[str]) -> dict[str, Any]:
+            by_node, errors = await self._by_coordinator(pending, TRANSACTION_KEY)
+            return {**errors, **await self._fan_out(by_node, send)}
+
+        described = await self._call("DescribeTransactions", transactional_ids, attempt, timeout)
+        return {t: described[t] for t in transactional_ids}
+
+    async def list_transactions(
+        self,
+        states: Iterable[str] | None = None,
+        producer_ids: Iterable[int] | None = None,
+        duration_ms: int | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[TransactionListing]:
+        """Every coordinator's transactional ids, filtered by state (Kafka's names: Ongoing, ...),
+        producer id, and (``duration_ms``) transactions open for longer than that."""
+        wanted_states = sorted(set(states or ()))
+        wanted_ids = sorted(set(producer_ids or ()))
+        duration = -1 if duration_ms is None else duration_ms
+
+        async def brokers(_keys: list[str]) -> dict[str, Any]:
+            cluster = await self._client.refresh_metadata([])
+            return {"brokers": sorted(cluster.brokers)}
+
+        async def send(node_id: int, _keys: list[int]) -> dict[int, Any]:
+            response = await self._client.send(
+                node_id, lambda c: requests.list_transactions(c, wanted_states, wanted_ids, duration)
+            )
+            if response.error_code != ErrorCode.none:
+                return {node_id: _error(response.error_code, f"ListTransactions on broker {node_id}")}
+            return {
+                node_id: [
+                    TransactionListing(t.transactional_id, int(t.producer_id), t.transaction_state, node_id)
+                    for t in response.transaction_states
+                ]
+            }
+
+        async def attempt(pending: list[int]) -> dict[int, Any]:
+            return await self._fan_out({n: [n] for n in pending}, send)
+
+        known = await self._call("Metadata", ["brokers"], brokers, timeout)
+        found = await self._call("ListTransactions", known["brokers"], attempt, timeout)
+        listings = [listing for node in sorted(found) for listing in found[node]]
+        return sorted(listings, key=lambda listing: listing.transactional_id)
+
+    async def describe_producers(
+        self,
+        partitions: Iterable[TopicPartition],
+        *,
+        broker_id: int | None = None,
+        timeout: float | None = None,
+    ) -> dict[TopicPartition, list[ProducerState]]:
+        """The active producers of each partition, from its leader (or from the replica on ``broker_id``)."""
+        wanted = list(partitions)
+
+        async def send(node_id: int, pending: list[TopicPartition]) -> dict[TopicPartition, Any]:
+            response = await self._client.send(node_id, lambda c: requests.describe_producers(c, pending))
+            outcomes: dict[TopicPartition, Any] = {}
+            for t in response.topics:
+                for p in t.partitions:
+                    tp = TopicPartition(t.name, p.partition_index)
+                    if p.error_code != ErrorCode.none:
+                        outcomes[tp] = _error(p.error_code, f"partition {tp}", p.error_message)
+                        continue
+                    outcomes[tp] = [
+                        ProducerState(
+                            producer_id=int(s.producer_id),
+                            producer_epoch=int(s.producer_epoch),
+                            last_sequence=int(s.last_sequence),
+                            last_timestamp=int(s.last_timestamp),
+                            coordinator_epoch=int(s.coordinator_epoch) if s.coordinator_epoch >= 0 else None,
+                            current_transaction_start_offset=(
+                                int(s.current_txn_start_offset) if s.current_txn_start_offset >= 0 else None
+                            ),
+                        )
+                        for s in p.active_producers
+                    ]
+            return outcomes
+
+        async def attempt(pending: list[TopicPartition]) -> dict[TopicPartition, Any]:
+            if broker_id is not None:
+                if self._client.node(broker_id) is None:
+                    await self._client.refresh_metadata([])  # the broker's address
+                return await self._fan_out({broker_id: pending}, send)
+            by_node, errors = await self._by_leader(pending)
+            return {**errors, **await self._fan_out(by_node, send)}
+
+        found = await self._call("DescribeProducers", wanted, attempt, timeout)
+        return {tp: found[tp] for tp in wanted}
+
+    async def abort_transaction(self, spec: AbortTransactionSpec, *, timeout: float | None = None) -> None:
+        """Abort a hanging transaction on one partition: its leader writes the ABORT marker
+        (WriteTxnMarkers, as the coordinator does), which moves the last stable offset past it."""
+        tp = spec.topic_partition
+
+        async def send(node_id: int, _pending: list[TopicPartition]) -> dict[TopicPartition, Any]:
+            response = await self._client.send(node_id, lambda c: requests.write_abort_marker(c, spec))
+            outcomes: dict[TopicPartition, Any] = {}
+            for marker in response.markers:
+                for t in marker.topics:
+                    for p in t.partitions:
+                        code = p.error_code
+                        key = TopicPartition(t.name, p.partition_index)
+                        outcomes[key] = None if code == ErrorCode.none else _error(code, f"partition {key}")
+            return outcomes
+
+        async def attempt(pending: list[TopicPartition]) -> dict[TopicPartition, Any]:
+            by_node, errors = await self._by_leader(pending)
+            return {**errors, **await self._fan_out(by_node, send)}
+
+        await self._call("WriteTxnMarkers", [tp], attempt, timeout)
 
     # -- cluster ---------------------------------------------------------------------------
 

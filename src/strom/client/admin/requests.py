@@ -10,6 +10,7 @@ from typing import Any
 
 from strom.client.admin.types import (
     MAX_TIMESTAMP,
+    AbortTransactionSpec,
     AlterConfigOp,
     ConfigEntry,
     ConfigResource,
@@ -413,5 +414,54 @@ def alter_replica_log_dirs(connection: BrokerConnection, moves: Mapping[TopicPar
                 ),
             )
             for path, tps in by_dir.items()
+        )
+    )
+
+
+# -- transactions ------------------------------------------------------------------------------
+
+
+def describe_transactions(connection: BrokerConnection, transactional_ids: Sequence[str]) -> Any:
+    m = request_module(ApiKey.DESCRIBE_TRANSACTIONS, connection.version(ApiKey.DESCRIBE_TRANSACTIONS, 0))
+    return m.DescribeTransactionsRequest(transactional_ids=tuple(transactional_ids))
+
+
+def list_transactions(
+    connection: BrokerConnection, states: Sequence[str], producer_ids: Sequence[int], duration_ms: int
+) -> Any:
+    # The duration filter came with v1 (KIP-994); a broker without it could not honour it.
+    version = connection.version(ApiKey.LIST_TRANSACTIONS, 1, 1 if duration_ms >= 0 else 0)
+    m = request_module(ApiKey.LIST_TRANSACTIONS, version)
+    return build(
+        m.ListTransactionsRequest,
+        state_filters=tuple(states),
+        producer_id_filters=tuple(producer_ids),
+        duration_filter=duration_ms,
+    )
+
+
+def describe_producers(connection: BrokerConnection, partitions: Iterable[TopicPartition]) -> Any:
+    m = request_module(ApiKey.DESCRIBE_PRODUCERS, connection.version(ApiKey.DESCRIBE_PRODUCERS, 0))
+    return m.DescribeProducersRequest(
+        topics=tuple(
+            m.TopicRequest(name=topic, partition_indexes=tuple(indexes))
+            for topic, indexes in _by_topic(partitions).items()
+        )
+    )
+
+
+def write_abort_marker(connection: BrokerConnection, spec: AbortTransactionSpec) -> Any:
+    """WriteTxnMarkers with one ABORT marker, as the transaction's coordinator would send it."""
+    m = request_module(ApiKey.WRITE_TXN_MARKERS, connection.version(ApiKey.WRITE_TXN_MARKERS, 1, 1))
+    tp = spec.topic_partition
+    return m.WriteTxnMarkersRequest(
+        markers=(
+            m.WritableTxnMarker(
+                producer_id=spec.producer_id,
+                producer_epoch=spec.producer_epoch,
+                transaction_result=False,
+                topics=(m.WritableTxnMarkerTopic(name=tp.topic, partition_indexes=(tp.partition,)),),
+                coordinator_epoch=spec.coordinator_epoch,
+            ),
         )
     )

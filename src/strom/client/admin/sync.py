@@ -8,6 +8,7 @@ from typing import Any
 
 from strom.client.admin.client import AsyncAdminClient
 from strom.client.admin.types import (
+    AbortTransactionSpec,
     AlterConfigOp,
     ClusterDescription,
     ConfigEntry,
@@ -20,8 +21,11 @@ from strom.client.admin.types import (
     NewTopic,
     OffsetSpec,
     PartitionReassignment,
+    ProducerState,
     TopicDescription,
     TopicPartitionReplica,
+    TransactionDescription,
+    TransactionListing,
 )
 from strom.client.cluster import TopicPartition
 from strom.client.consumer.structs import OffsetAndMetadata
@@ -165,6 +169,33 @@ class AdminClient:
         self, before_offsets: Mapping[TopicPartition, int], *, timeout: float | None = None
     ) -> dict[TopicPartition, int]:
         return self._io.run(self._admin.delete_records(before_offsets, timeout=timeout))
+
+    # -- transactions
+
+    def describe_transactions(
+        self, transactional_ids: Sequence[str], *, timeout: float | None = None
+    ) -> dict[str, TransactionDescription]:
+        return self._io.run(self._admin.describe_transactions(transactional_ids, timeout=timeout))
+
+    def list_transactions(
+        self,
+        states: Iterable[str] | None = None,
+        producer_ids: Iterable[int] | None = None,
+        duration_ms: int | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[TransactionListing]:
+        return self._io.run(self._admin.list_transactions(states, producer_ids, duration_ms, timeout=timeout))
+
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition], *, broker_id: int | None = None, timeout: float | None = None
+    ) -> dict[TopicPartition, list[ProducerState]]:
+        return self._io.run(self._admin.describe_producers(partitions, broker_id=broker_id, timeout=timeout))
+
+    def abort_transaction(self, spec: AbortTransactionSpec, *, timeout: float | None = None) -> None:
+        self._io.run(self._admin.abort_transaction(spec, timeout=timeout))
+
+    # -- cluster
 
     def describe_cluster(self, *, timeout: float | None = None) -> ClusterDescription:
         return self._io.run(self._admin.describe_cluster(timeout=timeout))

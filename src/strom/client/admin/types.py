@@ -232,3 +232,49 @@ class TopicPartitionReplica:
     topic: str
     partition: int
     broker_id: int
+
+
+# -- transactions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionListing:
+    """ListTransactions' answer for one transactional id; ``state`` is Kafka's name (Ongoing, ...)."""
+
+    transactional_id: str
+    producer_id: int
+    state: str
+    coordinator_id: int  # the broker that listed it: the transactional id's coordinator
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDescription:
+    coordinator_id: int
+    state: str
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_start_time_ms: int | None  # None while no transaction is open
+    topic_partitions: frozenset[TopicPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """An active producer of a partition, as its leader's producer state has it (DescribeProducers)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp: int
+    coordinator_epoch: int | None
+    current_transaction_start_offset: int | None  # the first offset of its open transaction
+
+
+@dataclass(frozen=True, slots=True)
+class AbortTransactionSpec:
+    """A (hanging) transaction to abort on one partition by writing its ABORT marker there."""
+
+    topic_partition: TopicPartition
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int

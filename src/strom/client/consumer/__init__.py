@@ -10,6 +10,7 @@ from strom.client.consumer.assignors import (
 )
 from strom.client.consumer.consumer import AsyncConsumer, Consumer
 from strom.client.consumer.structs import (
+    ConsumerGroupMetadata,
     ConsumerRebalanceListener,
     LogTruncationError,
     NoOffsetForPartitionError,
@@ -22,6 +23,7 @@ from strom.records.reader import ConsumerRecord, FetchedBatch
 __all__ = [
     "AsyncConsumer",
     "Consumer",
+    "ConsumerGroupMetadata",
     "ConsumerPartitionAssignor",
     "ConsumerRebalanceListener",
     "ConsumerRecord",

@@ -21,7 +21,12 @@ from typing import Any, TypeVar
 from strom.client.cluster import TopicPartition
 from strom.client.consumer.core import CommitCallback, ConsumerCore, Offsets
 from strom.client.consumer.fetcher import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
-from strom.client.consumer.structs import ConsumerRebalanceListener, OffsetAndMetadata, OffsetAndTimestamp
+from strom.client.consumer.structs import (
+    ConsumerGroupMetadata,
+    ConsumerRebalanceListener,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+)
 from strom.client.consumer.subscription_state import OffsetResetStrategy
 from strom.client.errors import KafkaException
 from strom.client.loop_thread import EventLoopThread
@@ -186,6 +191,11 @@ class Consumer:
     def paused(self) -> set[TopicPartition]:
         return self._core.subscriptions.paused_partitions()
 
+    def current_lag(self, partition: TopicPartition) -> int | None:
+        """Records between the position and the end (the last stable offset under read_committed)
+        as the last fetch of the partition saw it, without a request; None before one answered."""
+        return self._core.current_lag(partition)
+
     # -- metadata -----------------------------------------------------------------------------------
 
     def partitions_for(self, topic: str, timeout: float | None = None) -> list[int]:
@@ -194,8 +204,9 @@ class Consumer:
     def list_topics(self, timeout: float | None = None) -> dict[str, list[int]]:
         return self._run(self._core.list_topics(timeout))
 
-    def group_metadata(self) -> tuple[str | None, int, str, str | None]:
-        """(group id, generation id, member id, group instance id) as this member knows them."""
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group id, generation id, member id and group instance id as this member knows them
+        (for a transactional producer's ``send_offsets_to_transaction``)."""
         return self._core.group_metadata()
 
     def close(self, timeout: float | None = None) -> None:
@@ -405,13 +416,16 @@ class AsyncConsumer:
     def paused(self) -> set[TopicPartition]:
         return self._core.subscriptions.paused_partitions()
 
+    def current_lag(self, partition: TopicPartition) -> int | None:
+        return self._core.current_lag(partition)
+
     async def partitions_for(self, topic: str, timeout: float | None = None) -> list[int]:
         return await self._core.partitions_for(topic, timeout)
 
     async def list_topics(self, timeout: float | None = None) -> dict[str, list[int]]:
         return await self._core.list_topics(timeout)
 
-    def group_metadata(self) -> tuple[str | None, int, str, str | None]:
+    def group_metadata(self) -> ConsumerGroupMetadata:
         return self._core.group_metadata()
 
     async def close(self, timeout: float | None = None) -> None:

@@ -48,7 +48,7 @@ from strom.client.consumer.protocol import (
     encode_assignment,
     encode_subscription,
 )
-from strom.client.consumer.structs import OffsetAndMetadata
+from strom.client.consumer.structs import ConsumerGroupMetadata, OffsetAndMetadata
 from strom.client.consumer.subscription_state import SubscriptionState
 from strom.client.errors import CommitFailedError, ErrorCode, KafkaException, KafkaTimeoutError
 from strom.client.network_client import NetworkClient
@@ -190,9 +190,9 @@ class ConsumerCoordinator:
         """A fatal group error or a listener's exception, for poll() to raise once."""
         return self._errors.pop(0) if self._errors else None
 
-    def group_metadata(self) -> tuple[str, int, str, str | None]:
+    def group_metadata(self) -> ConsumerGroupMetadata:
         generation = self.generation
-        return (self.group_id, generation.generation_id, generation.member_id, self.group_instance_id)
+        return ConsumerGroupMetadata(self.group_id, generation.generation_id, generation.member_id, self.group_instance_id)
 
     def request_rejoin(self, reason: str) -> None:
         if not self.rejoin_needed:

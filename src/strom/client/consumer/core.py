@@ -22,8 +22,9 @@ from strom.client.cluster import TopicPartition
 from strom.client.config import CONSUMER, resolve
 from strom.client.consumer.caller import CallerTasks
 from strom.client.consumer.coordinator import ConsumerCoordinator
-from strom.client.consumer.fetcher import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Fetcher
+from strom.client.consumer.fetcher import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, READ_COMMITTED, Fetcher
 from strom.client.consumer.structs import (
+    ConsumerGroupMetadata,
     ConsumerRebalanceListener,
     NoOffsetForPartitionError,
     OffsetAndMetadata,
@@ -298,10 +299,18 @@ class ConsumerCore:
         self.check_open()
         return self.subscriptions.state(tp).position
 
-    def group_metadata(self) -> tuple[str | None, int, str, str | None]:
-        if self.coordinator is None:
-            return (None, -1, "", None)
-        return self.coordinator.group_metadata()
+    def current_lag(self, tp: TopicPartition) -> int | None:
+        """Records from the position to the partition's end as the last fetch answer had it: the
+        high watermark, or under read_committed the last stable offset. None until both are known."""
+        with self.subscriptions.lock:
+            state = self.subscriptions.state(tp)
+            end = state.last_stable_offset if self.fetcher.isolation_level == READ_COMMITTED else state.high_watermark
+            if state.position is None or end < 0:
+                return None
+            return max(end - state.position, 0)
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        return self._require_group("group_metadata()").group_metadata()
 
     def _require_group(self, what: str) -> ConsumerCoordinator:
         if self.coordinator is None:

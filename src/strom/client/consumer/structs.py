@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from strom.client.cluster import TopicPartition
 from strom.client.errors import ErrorCode, KafkaException
@@ -25,6 +26,19 @@ class OffsetAndTimestamp:
     offset: int
     timestamp: int
     leader_epoch: int | None = None
+
+
+class ConsumerGroupMetadata(NamedTuple):
+    """A consumer's group membership, for a transactional producer's ``send_offsets_to_transaction``.
+
+    The group coordinator refuses the transaction's offsets when the generation or member
+    id no longer match, so that a member that lost its partitions cannot commit for them.
+    """
+
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
 
 
 class ConsumerRebalanceListener:

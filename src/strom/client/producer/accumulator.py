@@ -187,6 +187,10 @@ class RecordFuture:
         self._key_size = key_size
         self._value_size = value_size
 
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return self._result.tp
+
     def _error(self) -> Exception | None:
         """The record's error once its batch completed (the part's, for a split batch)."""
         return self._result.resolve(self._relative_offset)[0].error
@@ -322,7 +326,7 @@ class ProducerBatch(RecordBatchBuilder):
         self.sequence_reset = True
         self.state_changed = True
 
-    def close(self, compression: int, level: int | None) -> bytearray:
+    def close(self, compression: int, level: int | None, transactional: bool = False) -> bytearray:
         """The batch's wire bytes, built on first drain and patched when its producer state changed."""
         built = self.built
         if built is None:
@@ -332,6 +336,7 @@ class ProducerBatch(RecordBatchBuilder):
                 producer_id=self.producer_id,
                 producer_epoch=self.producer_epoch,
                 base_sequence=self.base_sequence,
+                is_transactional=transactional,
             )
         elif self.state_changed:
             rewrite_producer_state(built, self.producer_id, self.producer_epoch, self.base_sequence)
@@ -506,6 +511,7 @@ class RecordAccumulator:
         self._drain_index: dict[int, int] = {}
         self._node_latency: dict[int, _NodeLatency] = {}
         self.idempotence: IdempotenceManager | None = None  # set by the producer when enabled
+        self.transactional = False  # batches carry the transactional flag (a transactional.id is set)
         # Set when send() runs on another thread than the I/O loop (the synchronous Producer).
         self.yield_gil = False
         # What append returns for a record (the async face sets its own kind of future).
@@ -860,7 +866,7 @@ class RecordAccumulator:
                     idempotence.assign_sequence(first)
                 self._drain_index[node] = index + 1
                 first.leader_epoch = leader_epoch
-                built = first.close(self.compression, self.compression_level)
+                built = first.close(self.compression, self.compression_level, self.transactional)
                 size += len(built)
                 ready.append(first)
             if ready:

@@ -148,8 +148,14 @@ class IdempotenceManager:
             entry.last_acked_sequence = batch.last_sequence
         entry.remove(batch)
 
-    def handle_failed_batch(self, batch: ProducerBatch, error: ErrorCode | None, adjust_sequences: bool) -> None:
-        """A batch failed for good. ``adjust_sequences``: it was certainly not appended."""
+    def handle_failed_batch(
+        self, batch: ProducerBatch, error: ErrorCode | None, adjust_sequences: bool, exception: Exception | None = None
+    ) -> None:
+        """A batch failed for good with ``exception`` (the broker's ``error``, if it sent one).
+
+        ``adjust_sequences``: it was certainly not appended. The exception matters to the
+        transactional subclass only: it fails the transaction.
+        """
         tp = batch.tp
         entry = self._partitions.get(tp)
         if entry is not None:

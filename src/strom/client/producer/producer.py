@@ -19,6 +19,8 @@ from types import TracebackType
 from typing import Any
 
 from strom.client.config import PRODUCER, resolve
+from strom.client.consumer.core import Offsets, normalize_offsets
+from strom.client.consumer.structs import ConsumerGroupMetadata
 from strom.client.errors import ConfigException, ErrorCode, KafkaException, KafkaTimeoutError
 from strom.client.loop_thread import EventLoopThread
 from strom.client.network_client import NetworkClient
@@ -37,6 +39,7 @@ from strom.client.producer.idempotence import IdempotenceManager
 from strom.client.producer.metadata import ProducerMetadata
 from strom.client.producer.partitioner import murmur2
 from strom.client.producer.sender import Sender
+from strom.client.producer.transactions import TransactionManager
 from strom.records.batch import HEADER_SIZE, CompressionType
 
 log = logging.getLogger(__name__)
@@ -68,8 +71,7 @@ def _check_headers(headers: Sequence[tuple[str, Any]]) -> list[Header]:
 def _producer_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     """Resolved config and whether idempotence is on (the Java client's rules)."""
     settings = resolve(PRODUCER, config, "producer")
-    if settings["transactional.id"] is not None:
-        raise ConfigException("transactions are not supported yet: transactional.id must not be set")
+    transactional = settings["transactional.id"] is not None
     acks = _ACKS[settings["acks"]]
     conflicts = []
     if settings["max.in.flight.requests.per.connection"] > 5:
@@ -84,6 +86,9 @@ def _producer_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], bool]
             raise ConfigException(f"the idempotent producer needs: {'; '.join(conflicts)}")
         # Idempotence is on by default only while nothing the user set contradicts it.
         idempotent = False
+    if transactional and not idempotent:
+        reasons = "; ".join(conflicts) if conflicts else "enable.idempotence must not be false"
+        raise ConfigException(f"a transactional.id needs the idempotent producer: {reasons}")
     linger = settings["linger.ms"]
     request_timeout = settings["request.timeout.ms"]
     if settings["delivery.timeout.ms"] < linger + request_timeout:
@@ -93,6 +98,13 @@ def _producer_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], bool]
             )
         settings["delivery.timeout.ms"] = linger + request_timeout
     return settings, idempotent
+
+
+def _group(group_metadata: ConsumerGroupMetadata | str) -> ConsumerGroupMetadata:
+    """A consumer's group metadata, or a bare group id (no member check by the group coordinator)."""
+    if isinstance(group_metadata, ConsumerGroupMetadata):
+        return group_metadata
+    return ConsumerGroupMetadata(group_metadata)
 
 
 def _compression_level(settings: Mapping[str, Any], config: Mapping[str, Any], codec: str) -> int | None:
@@ -131,22 +143,31 @@ class _ProducerCore:
             adaptive_partitioning=settings["partitioner.adaptive.partitioning.enable"],
             partition_availability_timeout=settings["partitioner.availability.timeout.ms"] / 1000,
         )
-        self.idempotence = IdempotenceManager() if idempotent else None
+        self.transactional_id: str | None = settings["transactional.id"]
+        # A transactional producer's manager needs the network client: start() makes it.
+        self.idempotence = IdempotenceManager() if idempotent and self.transactional_id is None else None
+        self.transactions: TransactionManager | None = None
         self.accumulator.idempotence = self.idempotence
+        self.accumulator.transactional = self.transactional_id is not None
         self._key_hashes: dict[bytes, int] = {}
         self.client: NetworkClient | None = None
         self.metadata: ProducerMetadata | None = None
         self.sender: Sender | None = None
         self.closed = False
 
-    @property
-    def idempotent(self) -> bool:
-        return self.idempotence is not None
-
     async def start(self) -> None:
         """Create the I/O side on the running loop."""
         settings = self.settings
         self.client = client = NetworkClient(settings)
+        if self.transactional_id is not None:
+            self.idempotence = self.transactions = TransactionManager(
+                transactional_id=self.transactional_id,
+                transaction_timeout_ms=settings["transaction.timeout.ms"],
+                client=client,
+                retry_backoff=settings["retry.backoff.ms"] / 1000,
+            )
+            self.accumulator.idempotence = self.transactions
+            self.transactions.flush = self.flush_all
         self.sender = sender = Sender(
             client=client,
             accumulator=self.accumulator,
@@ -168,6 +189,8 @@ class _ProducerCore:
             on_update=sender.wakeup,
         )
         self.metadata.start()
+        if self.transactions is not None:
+            self.transactions.wakeup = sender.wakeup
         sender.start()
 
     def _request_metadata_update(self) -> None:
@@ -214,8 +237,41 @@ class _ProducerCore:
     def partitions_of(self, state: TopicState) -> list[int]:
         return list(range(state.num_partitions))
 
+    async def flush_all(self) -> None:
+        """Wait (on the loop) until every batch appended so far completed."""
+        accumulator = self.accumulator
+        results = accumulator.begin_flush()
+        try:
+            if self.sender is not None:
+                self.sender.wakeup()
+            waits = [_finished(result) for result in results if not result.finished]
+            if waits:
+                await asyncio.gather(*waits)
+        finally:
+            accumulator.end_flush()
+
+    def transaction_manager(self) -> TransactionManager:
+        if self.transactions is None:
+            raise KafkaException("transactional methods need a transactional.id")
+        return self.transactions
+
+    def timeout_or_max_block(self, timeout: float | None) -> float:
+        return self.max_block if timeout is None else timeout
+
     async def close(self, timeout: float | None) -> None:
         self.closed = True
+        transactions = self.transactions
+        if transactions is not None:
+            if transactions.has_ongoing_transaction and (timeout is None or timeout > 0):
+                # As Java's producer does: a transaction left open is aborted, not left to time out.
+                started = time.monotonic()
+                try:
+                    await transactions.abort_transaction(self.max_block if timeout is None else timeout)
+                except KafkaException as exc:
+                    log.info("transactional id %s: abort on close failed: %s", self.transactional_id, exc)
+                if timeout is not None:
+                    timeout = max(0.0, timeout - (time.monotonic() - started))
+            transactions.close()
         if self.sender is not None:
             await self.sender.close(timeout)
         if self.metadata is not None:
@@ -257,6 +313,10 @@ class Producer:
 
         self._accumulator.wakeup = wakeup
         self._accumulator.yield_gil = True
+        self._transactions = core.transactions
+        if core.transactions is not None:
+            # send() registers a transaction's partitions from the caller's thread.
+            core.transactions.wakeup = wakeup
 
     @property
     def config(self) -> dict[str, Any]:
@@ -280,6 +340,9 @@ class Producer:
         KafkaTimeoutError after ``max.block.ms`` without metadata or buffer memory, and
         KafkaException (MESSAGE_TOO_LARGE) for a record above ``max.request.size``.
         """
+        transactions = self._transactions
+        if transactions is not None:
+            transactions.fail_if_not_ready_for_send()
         if value is not None and value.__class__ is not bytes:
             value = _to_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
@@ -316,6 +379,8 @@ class Producer:
                 callback=callback,
             )
         assert future is not None  # with a max_block, append waits rather than returning None
+        if transactions is not None:
+            transactions.maybe_add_partition(future.topic_partition)
         return future  # type: ignore[return-value]  # the accumulator's future_factory
 
     def _wait_on_metadata(self, topic: str, partition: int | None) -> TopicState:
@@ -341,6 +406,54 @@ class Producer:
                     raise KafkaTimeoutError(f"flush did not complete within {timeout} s")
         finally:
             accumulator.end_flush()
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Register the ``transactional.id`` with its coordinator, first and once.
+
+        This fences every older producer with the same id and ends (commits or aborts)
+        a transaction one of them left open. Raises KafkaTimeoutError after ``timeout``
+        seconds (default ``max.block.ms``); calling it again keeps waiting for the same
+        request. ProducerFencedError and other TransactionFatalErrors leave a producer that
+        can only be closed.
+        """
+        core = self._core
+        self._thread.run(core.transaction_manager().init_transactions(core.timeout_or_max_block(timeout)))
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: what is sent from now on is committed or aborted as one."""
+        self._core.transaction_manager().begin_transaction()
+
+    def send_offsets_to_transaction(
+        self, offsets: Offsets, group_metadata: ConsumerGroupMetadata | str, timeout: float | None = None
+    ) -> None:
+        """Commit a consumer's offsets (the next offsets to read) with the transaction.
+
+        ``group_metadata`` is the consumer's ``group_metadata()`` (a group id alone skips
+        the group coordinator's check that the member still owns its partitions).
+        """
+        core = self._core
+        self._thread.run(
+            core.transaction_manager().send_offsets_to_transaction(
+                normalize_offsets(offsets), _group(group_metadata), core.timeout_or_max_block(timeout)
+            )
+        )
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Send what is queued, then commit the transaction.
+
+        Raises TransactionAbortableError when a record of the transaction failed (then
+        ``abort_transaction()``), KafkaTimeoutError after ``timeout`` seconds (default
+        ``max.block.ms``; calling it again keeps waiting for the same commit).
+        """
+        core = self._core
+        self._thread.run(core.transaction_manager().commit_transaction(core.timeout_or_max_block(timeout)))
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the transaction: queued records fail with TransactionAbortedError, sent ones are discarded."""
+        core = self._core
+        self._thread.run(core.transaction_manager().abort_transaction(core.timeout_or_max_block(timeout)))
 
     def partitions_for(self, topic: str) -> list[int]:
         """The topic's partition ids (waits up to max.block.ms for metadata)."""
@@ -551,6 +664,9 @@ class AsyncProducer:
             raise KafkaException("the producer is not started: await start() first")
         core = self._core
         accumulator = self._accumulator
+        transactions = core.transactions
+        if transactions is not None:
+            transactions.fail_if_not_ready_for_send()
         if value is not None and value.__class__ is not bytes:
             value = _to_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
@@ -588,6 +704,8 @@ class AsyncProducer:
                 headers=checked_headers,
                 callback=callback,
             )
+        if transactions is not None:
+            transactions.maybe_add_partition(future.topic_partition)
         if not sender_was_woken and accumulator.wakeup_pending:
             # A batch started (or filled): let the sender, on this same loop, take its turn.
             await asyncio.sleep(0)
@@ -620,6 +738,31 @@ class AsyncProducer:
                     raise KafkaTimeoutError(f"flush did not complete within {timeout} s") from None
         finally:
             accumulator.end_flush()
+
+    # -- transactions (as Producer's) ---------------------------------------------------------
+
+    async def init_transactions(self, timeout: float | None = None) -> None:
+        core = self._core
+        await core.transaction_manager().init_transactions(core.timeout_or_max_block(timeout))
+
+    def begin_transaction(self) -> None:
+        self._core.transaction_manager().begin_transaction()
+
+    async def send_offsets_to_transaction(
+        self, offsets: Offsets, group_metadata: ConsumerGroupMetadata | str, timeout: float | None = None
+    ) -> None:
+        core = self._core
+        await core.transaction_manager().send_offsets_to_transaction(
+            normalize_offsets(offsets), _group(group_metadata), core.timeout_or_max_block(timeout)
+        )
+
+    async def commit_transaction(self, timeout: float | None = None) -> None:
+        core = self._core
+        await core.transaction_manager().commit_transaction(core.timeout_or_max_block(timeout))
+
+    async def abort_transaction(self, timeout: float | None = None) -> None:
+        core = self._core
+        await core.transaction_manager().abort_transaction(core.timeout_or_max_block(timeout))
 
     async def partitions_for(self, topic: str) -> list[int]:
         state = self._accumulator.topics.get(topic)

@@ -31,6 +31,7 @@ from strom.client.errors import KafkaException, KafkaTimeoutError
 from strom.client.network_client import NetworkClient
 from strom.client.producer.accumulator import ProducerBatch, RecordAccumulator
 from strom.client.producer.idempotence import IdempotenceManager
+from strom.client.producer.transactions import TransactionManager
 from strom.network.connection import (
     BrokerConnection,
     KafkaConnectionError,
@@ -93,6 +94,8 @@ class Sender:
         self.client = client
         self.accumulator = accumulator
         self.idempotence = idempotence
+        self.transactions = idempotence if isinstance(idempotence, TransactionManager) else None
+        self.transactional_id = self.transactions.transactional_id if self.transactions is not None else None
         self._request_metadata_update = request_metadata_update
         self._leaders_moved = leaders_moved
         self.acks = acks
@@ -162,10 +165,18 @@ class Sender:
         if idempotence is not None:
             idempotence.maybe_resolve_sequences()
             idempotence.bump_epoch_if_needed()
-            if not idempotence.has_producer_id:
+            if not idempotence.has_producer_id and self.transactions is None:
                 await self._init_producer_id()
                 return
         accumulator = self.accumulator
+        transactions = self.transactions
+        if transactions is not None:
+            error = transactions.undrained_batch_error()
+            if error is not None:
+                # The transaction failed or is being aborted: what it has not sent yet never goes.
+                for batch in accumulator.abort_undrained(error):
+                    self._fail_batch(batch, error, None, adjust_sequences=False)
+            transactions.maybe_add_partitions()
         now = time.monotonic()
         result = accumulator.ready(now)
         if result.unknown_leader_topics:
@@ -242,7 +253,7 @@ class Sender:
                 module.PartitionProduceData(index=batch.tp.partition, records=batch.built)
             )
         return module.ProduceRequest(
-            transactional_id=None,
+            transactional_id=self.transactional_id,
             acks=self.acks,
             timeout=datetime.timedelta(seconds=self.request_timeout),
             topic_data=tuple(
@@ -403,7 +414,7 @@ class Sender:
         self, batch: ProducerBatch, error: Exception, code: ErrorCode | None, adjust_sequences: bool
     ) -> None:
         if self.idempotence is not None:
-            self.idempotence.handle_failed_batch(batch, code, adjust_sequences)
+            self.idempotence.handle_failed_batch(batch, code, adjust_sequences, error)
         if batch.done(-1, -1, error):
             self.accumulator.deallocate(batch)
 
