@@ -226,10 +226,15 @@ def test_describe_and_list_transactions(bootstrap: str, topic: str) -> None:
             list_.ListTransactionsRequest(state_filters=("Bogus",), producer_id_filters=(), duration_filter=-1)
         )
         assert bogus.unknown_state_filters == ("Bogus",)
-        producer.commit_transaction(15)
-        (state,) = wire.request(
-            describe.DescribeTransactionsRequest(transactional_ids=(transactional_id,))
-        ).transaction_states
+        producer.commit_transaction(15)  # answered once PrepareCommit is written; Complete follows
+        deadline = time.monotonic() + 10
+        while True:
+            (state,) = wire.request(
+                describe.DescribeTransactionsRequest(transactional_ids=(transactional_id,))
+            ).transaction_states
+            if state.transaction_state != "PrepareCommit" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert (state.transaction_state, state.topics) == ("CompleteCommit", ())
 
 
@@ -280,3 +285,37 @@ def test_a_hanging_transaction_is_found_and_aborted_with_write_txn_markers(boots
         assert response.markers[0].topics[0].partitions[0].error_code == ErrorCode.none
         assert wire.list_offset(topic, LATEST, isolation_level=1) == 2  # past the ABORT marker
     assert _read(bootstrap, topic, 1, "read_committed", timeout=2) == []
+
+
+def test_require_stable_waits_for_a_pending_transactional_commit(
+    bootstrap: str, topic: str, producer: Producer
+) -> None:
+    group = f"stable-{uuid.uuid4().hex[:8]}"
+    fetch = kio_request("offset_fetch", 7)
+
+    def offset_fetch(require_stable: bool) -> tuple[int, int]:
+        with _wire(bootstrap) as wire:
+            response = wire.request(
+                fetch.OffsetFetchRequest(
+                    group_id=group,
+                    topics=(fetch.OffsetFetchRequestTopic(name=topic, partition_indexes=(0,)),),
+                    require_stable=require_stable,
+                )
+            )
+        (partition,) = response.topics[0].partitions
+        return partition.error_code, partition.committed_offset
+
+    standalone = confluent_consumer(bootstrap, **{"group.id": group})  # its group's metadata
+    producer.begin_transaction()
+    _send(producer, topic, [b"s"])
+    producer.send_offsets_to_transaction(
+        [TopicPartition(topic, 0, 42)], standalone.consumer_group_metadata(), 15
+    )
+    standalone.close()
+    assert offset_fetch(require_stable=True) == (ErrorCode.unstable_offset_commit, -1)
+    assert offset_fetch(require_stable=False) == (ErrorCode.none, -1)  # the pending one is not visible
+    producer.commit_transaction(15)
+    deadline = time.monotonic() + 10
+    while offset_fetch(require_stable=True)[0] != ErrorCode.none and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert offset_fetch(require_stable=True) == (ErrorCode.none, 42)

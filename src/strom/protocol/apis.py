@@ -93,10 +93,12 @@ SUPPORTED_VERSIONS: dict[ApiKey, VersionRange] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 4),
     # Transactions as Kafka 4.1 runs the classic protocol: AddPartitionsToTxn up to the brokers'
     # verify-only batch (v4), EndTxn and AddOffsetsToTxn capped at v4 (v5 would mean KIP-890
-    # part 2, whose transaction.version feature Strom does not advertise), WriteTxnMarkers v1.
+    # part 2, whose transaction.version feature Strom does not advertise), TxnOffsetCommit too,
+    # WriteTxnMarkers v1.
     ApiKey.ADD_PARTITIONS_TO_TXN: VersionRange(0, 4),
     ApiKey.ADD_OFFSETS_TO_TXN: VersionRange(0, 4),
     ApiKey.END_TXN: VersionRange(0, 4),
+    ApiKey.TXN_OFFSET_COMMIT: VersionRange(0, 4),
     ApiKey.WRITE_TXN_MARKERS: VersionRange(1, 1),
     ApiKey.DESCRIBE_PRODUCERS: VersionRange(0, 0),
     ApiKey.DESCRIBE_TRANSACTIONS: VersionRange(0, 0),

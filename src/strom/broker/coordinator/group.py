@@ -128,6 +128,12 @@ class ClassicGroup:
         # Members of the current generation that have not sent SyncGroup yet.
         self.pending_sync_members: set[str] = set()
         self.offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        # Where each committed offset's record is in the log: a transaction's offsets, applied
+        # when its COMMIT lands, never replace a commit written after them.
+        self.offset_log_positions: dict[TopicPartition, int] = {}
+        # Transactional offset commits (TxnOffsetCommit) waiting for their transaction's marker:
+        # producer id -> partition -> (the offset, its record's position in the log).
+        self.pending_txn_offsets: dict[int, dict[TopicPartition, tuple[OffsetAndMetadata, int]]] = {}
         # The first rebalance waits group.initial.rebalance.delay.ms, longer while members keep joining.
         self.in_initial_delay = False
         self.new_member_added = False
@@ -139,6 +145,26 @@ class ClassicGroup:
         self.write_lock = asyncio.Lock()
         # Writes the coordinator started on its own (the Empty group after a rebalance emptied it).
         self.background_writes: set[asyncio.Task[None]] = set()
+
+    def commit_offsets(self, offsets: dict[TopicPartition, OffsetAndMetadata], log_position: int) -> None:
+        """Offsets whose records were written at ``log_position`` (or replayed from there)."""
+        self.offsets.update(offsets)
+        for tp in offsets:
+            self.offset_log_positions[tp] = log_position
+
+    def complete_txn_offsets(self, producer_id: int, committed: bool) -> None:
+        """The producer's transaction ended: its pending offsets are applied (COMMIT), unless a
+        later commit of the partition is in the log already, or dropped (ABORT)."""
+        pending = self.pending_txn_offsets.pop(producer_id, None)
+        if not pending or not committed:
+            return
+        for tp, (offset, position) in pending.items():
+            if self.offset_log_positions.get(tp, -1) < position:
+                self.offsets[tp] = offset
+                self.offset_log_positions[tp] = position
+
+    def has_pending_txn_offset(self, tp: TopicPartition) -> bool:
+        return any(tp in pending for pending in self.pending_txn_offsets.values())
 
     def __repr__(self) -> str:
         return (

@@ -33,7 +33,11 @@ from strom.broker.coordinator.group import (
     OffsetAndMetadata,
     SyncResult,
 )
-from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC, GroupMetadataManager
+from strom.broker.coordinator.group_metadata_manager import (
+    OFFSETS_TOPIC,
+    GroupMetadataManager,
+    TransactionalProducer,
+)
 from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
 
@@ -818,14 +822,89 @@ class GroupCoordinator:
             # group take effect in their log order, and a commit read back never goes backwards.
             async with group.write_lock:
                 if self._is_current(group):
-                    error = (await self._manager.store_offsets(group_id, valid)).error
+                    outcome = await self._manager.store_offsets(group_id, valid)
+                    error = outcome.error
                     if error == ErrorCode.none:
-                        group.offsets.update(valid)
+                        group.commit_offsets(valid, outcome.base_offset)
                 else:
                     error = self._gone_error(group_id)
             for tp in valid:
                 results[tp] = error
         return results
+
+    async def commit_transactional_offsets(
+        self,
+        group_id: str,
+        producer: TransactionalProducer,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        offsets: dict[TopicPartition, OffsetAndMetadata],
+    ) -> dict[TopicPartition, ErrorCode]:
+        """TxnOffsetCommit: the offsets are written as a batch of the producer's transaction and
+        stay pending in the group (not fetched, not expired) until the transaction's marker lands
+        in the group's offsets partition (``on_transaction_completed``)."""
+        error = self._validate_txn_offset_commit(group_id, generation_id, member_id, group_instance_id)
+        if error != ErrorCode.none:
+            return dict.fromkeys(offsets, error)
+        group = self._groups[group_id]
+        results: dict[TopicPartition, ErrorCode] = {}
+        valid: dict[TopicPartition, OffsetAndMetadata] = {}
+        for tp, offset in offsets.items():
+            if len(offset.metadata.encode()) > self.config.offset_metadata_max_bytes:
+                results[tp] = ErrorCode.offset_metadata_too_large
+            else:
+                valid[tp] = offset
+        if valid:
+            async with group.write_lock:
+                if self._is_current(group):
+                    outcome = await self._manager.store_offsets(group_id, valid, producer)
+                    error = outcome.error
+                    # A marker that landed while the write waited for the ISR (the coordinator
+                    # aborting the transaction on its timeout) has ended it: nothing is pending.
+                    if error == ErrorCode.none and self._manager.transaction_open(group_id, producer.producer_id):
+                        pending = group.pending_txn_offsets.setdefault(producer.producer_id, {})
+                        for tp, offset in valid.items():
+                            pending[tp] = (offset, outcome.base_offset)
+                else:
+                    error = self._gone_error(group_id)
+            for tp in valid:
+                results[tp] = error
+        return results
+
+    def _validate_txn_offset_commit(
+        self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None
+    ) -> ErrorCode:
+        """Kafka's checks of a transactional commit: a member's fields when given (v3+, KIP-447),
+        none before (older producers do not know the group's members)."""
+        if not group_id:
+            return ErrorCode.invalid_group_id
+        if (error := self.coordinator_error(group_id)) != ErrorCode.none:
+            return error
+        self._ensure_offsets_topic()
+        group = self._groups.get(group_id)
+        if group is None:
+            self._groups[group_id] = ClassicGroup(group_id, self._time_ms())
+            return ErrorCode.none
+        if group.is_(GroupState.DEAD):
+            return ErrorCode.coordinator_not_available
+        if generation_id < 0 and member_id == UNKNOWN_MEMBER_ID and group_instance_id is None:
+            return ErrorCode.none
+        if group.is_static_member_fenced(member_id, group_instance_id):
+            return ErrorCode.fenced_instance_id
+        if member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        if generation_id != group.generation_id:
+            return ErrorCode.illegal_generation
+        return ErrorCode.none
+
+    def on_transaction_completed(self, offsets_partition: int, producer_id: int, committed: bool) -> None:
+        """A producer's COMMIT or ABORT marker landed in offsets partition ``offsets_partition``
+        (and the ISR has it): its pending offsets in that partition's groups are applied or
+        dropped (Kafka's scheduleHandleTxnCompletion)."""
+        for group in list(self._groups.values()):
+            if producer_id in group.pending_txn_offsets and self._partition_of(group.group_id) == offsets_partition:
+                group.complete_txn_offsets(producer_id, committed)
 
     def _validate_offset_commit(
         self,
@@ -867,12 +946,21 @@ class GroupCoordinator:
     def fetch_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None
     ) -> dict[TopicPartition, OffsetAndMetadata | None]:
-        """Committed offsets of ``partitions`` (None: every partition the group has an offset for)."""
+        """Committed offsets of ``partitions`` (None: every partition the group has an offset for).
+        A transaction's pending offsets are not among them until it commits."""
         group = self._groups.get(group_id)
         offsets = group.offsets if group is not None and not group.is_(GroupState.DEAD) else {}
         if partitions is None:
             return dict(offsets)
         return {tp: offsets.get(tp) for tp in partitions}
+
+    def unstable_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """Those of ``partitions`` with a transactional commit pending (OffsetFetch's
+        ``require_stable`` answers them UNSTABLE_OFFSET_COMMIT, KIP-447)."""
+        group = self._groups.get(group_id)
+        if group is None or not group.pending_txn_offsets:
+            return set()
+        return {tp for tp in partitions if group.has_pending_txn_offset(tp)}
 
     async def delete_offsets(
         self, group_id: str, partitions: list[TopicPartition]
@@ -939,7 +1027,9 @@ class GroupCoordinator:
         now = self._time_ms()
         retention = self.config.offsets_retention_ms
         expired = [
-            tp for tp, offset in group.offsets.items() if self._is_expired(group, tp, offset, now, retention)
+            tp
+            for tp, offset in group.offsets.items()
+            if self._is_expired(group, tp, offset, now, retention) and not group.has_pending_txn_offset(tp)
         ]
         if expired:
             if (await self._manager.delete_offsets(group.group_id, expired)).error != ErrorCode.none:
@@ -951,6 +1041,7 @@ class GroupCoordinator:
             self._is_current(group)
             and group.is_(GroupState.EMPTY)
             and not group.offsets
+            and not group.pending_txn_offsets
             and not group.pending_members
         ):
             # A group that never had a generation has no metadata record to delete.

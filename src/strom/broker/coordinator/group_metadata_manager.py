@@ -34,6 +34,7 @@ from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
 from strom.protocol.errors import ErrorCode
 from strom.records.codec import RecordSpec, encode_batch
+from strom.storage.append_origin import AppendOrigin
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,15 @@ def partition_for(group_id: str, num_partitions: int) -> int:
 class AppendOutcome:
     error: ErrorCode
     message: str | None = None
+    base_offset: int = -1  # where the records landed, when they did
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionalProducer:
+    """The producer whose transaction a transactional offset commit belongs to."""
+
+    producer_id: int
+    producer_epoch: int
 
 
 class GroupMetadataManager:
@@ -81,17 +91,37 @@ class GroupMetadataManager:
 
     # --- writing -------------------------------------------------------------------------
 
-    async def _append(self, group_id: str, records: list[RecordSpec], *, offsets: bool) -> AppendOutcome:
+    async def _append(
+        self,
+        group_id: str,
+        records: list[RecordSpec],
+        *,
+        offsets: bool,
+        producer: TransactionalProducer | None = None,
+    ) -> AppendOutcome:
         """Append ``records`` to the group's offsets partition with acks=-1 and answer once the
         HW passes them (or offsets.commit.timeout.ms passes): only then does a commit or an
         assignment survive the loss of this broker, so only then may the caller apply it in
         memory and answer its client. On a single node the HW moves with the append."""
         tp = self.partition_of(group_id)
-        batch = encode_batch(records)
-        results = await self._replica_manager.append(-1, [(tp, batch)], timeout_ms=self._commit_timeout_ms)
+        if producer is None:
+            batch = encode_batch(records)
+            origin = AppendOrigin.CLIENT
+        else:
+            # A transactional batch of the producer (no sequence: the coordinator's own write).
+            batch = encode_batch(
+                records,
+                producer_id=producer.producer_id,
+                producer_epoch=producer.producer_epoch,
+                is_transactional=True,
+            )
+            origin = AppendOrigin.COORDINATOR
+        results = await self._replica_manager.append(
+            -1, [(tp, batch)], timeout_ms=self._commit_timeout_ms, origin=origin
+        )
         result = results[tp]
         if result.error == ErrorCode.none:
-            return AppendOutcome(ErrorCode.none)
+            return AppendOutcome(ErrorCode.none, base_offset=result.base_offset)
         log.warning(
             "writing to the offsets topic failed",
             extra={"group": group_id, "partition": str(tp), "error": result.error.name},
@@ -107,6 +137,8 @@ class GroupMetadataManager:
             return AppendOutcome(ErrorCode.coordinator_not_available, result.error_message)
         if result.error in (ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error):
             return AppendOutcome(ErrorCode.not_coordinator, result.error_message)
+        if producer is not None and result.error in (ErrorCode.invalid_producer_epoch, ErrorCode.invalid_txn_state):
+            return AppendOutcome(result.error, result.error_message)  # the producer's, not the coordinator's
         if offsets and result.error in (
             ErrorCode.message_too_large,
             ErrorCode.record_list_too_large,
@@ -143,8 +175,12 @@ class GroupMetadataManager:
         return await self._append(group.group_id, [record], offsets=False)
 
     async def store_offsets(
-        self, group_id: str, offsets: dict[TopicPartition, OffsetAndMetadata]
+        self,
+        group_id: str,
+        offsets: dict[TopicPartition, OffsetAndMetadata],
+        producer: TransactionalProducer | None = None,
     ) -> AppendOutcome:
+        """The offsets' records; with ``producer``, as one batch of its transaction."""
         records = [
             RecordSpec(
                 encode_offset_commit_key(OffsetCommitKey(group_id, tp.topic, tp.partition)),
@@ -156,7 +192,14 @@ class GroupMetadataManager:
             )
             for tp, o in offsets.items()
         ]
-        return await self._append(group_id, records, offsets=True)
+        return await self._append(group_id, records, offsets=True, producer=producer)
+
+    def transaction_open(self, group_id: str, producer_id: int) -> bool:
+        """Whether the producer's transaction is still open in the group's offsets partition (its
+        marker has not landed there)."""
+        partition = self._replica_manager.partition(self.partition_of(group_id))
+        entry = partition.log.producer_state.last_entry(producer_id) if partition is not None else None
+        return entry is not None and entry.current_txn_first_offset >= 0
 
     async def delete_offsets(self, group_id: str, tps: Iterable[TopicPartition]) -> AppendOutcome:
         records = [
@@ -201,7 +244,7 @@ class GroupMetadataManager:
                 ).records
                 if not data:
                     break
-                next_offset, replayed = replay_records(data, state.replay)
+                next_offset, replayed = replay_records(data, state.replay, transactions=state)
                 if next_offset <= offset:
                     break
                 offset = next_offset
@@ -228,7 +271,7 @@ class GroupMetadataManager:
         if partition is None or partition.offline:  # an offline log dir answers KAFKA_STORAGE_ERROR
             return {}
         state = GroupLoad(partition_index)
-        stats = await self.loader.load(partition, state.replay, is_current)
+        stats = await self.loader.load(partition, state.replay, is_current, state)
         if stats is None:
             return None
         now = self._time_ms()
@@ -249,13 +292,37 @@ class GroupMetadataManager:
 
 
 class GroupLoad:
-    """The state a load of one offsets partition replays records into (on the load worker)."""
+    """The state a load of one offsets partition replays records into (on the load worker).
+
+    Offsets of a transaction (TxnOffsetCommit) are held per producer until its marker: applied
+    at a COMMIT unless a later commit of the partition came first in the log, dropped at an
+    ABORT; a transaction still open at the log end stays pending in its group, for the marker
+    that will end it."""
 
     def __init__(self, partition_index: int) -> None:
         self.partition_index = partition_index
         self.metadata: dict[str, GroupMetadataValue] = {}
-        self.offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
+        # group -> partition -> (offset, its record's log position)
+        self.offsets: dict[str, dict[TopicPartition, tuple[OffsetAndMetadata, int]]] = {}
+        # producer id -> group -> partition -> (offset, log position)
+        self.pending: dict[int, dict[str, dict[TopicPartition, tuple[OffsetAndMetadata, int]]]] = {}
         self.skipped = 0
+        self._producer_id = -1  # of the batch being replayed (-1: not transactional)
+        self._batch_offset = -1
+
+    def start_batch(self, producer_id: int, offset: int) -> None:
+        self._producer_id, self._batch_offset = producer_id, offset
+
+    def end_transaction(self, producer_id: int, committed: bool, offset: int) -> None:
+        pending = self.pending.pop(producer_id, None)
+        if pending is None or not committed:
+            return
+        for group_id, offsets in pending.items():
+            group_offsets = self.offsets.setdefault(group_id, {})
+            for tp, (value, position) in offsets.items():
+                current = group_offsets.get(tp)
+                if current is None or current[1] < position:
+                    group_offsets[tp] = (value, position)
 
     def replay(self, key_bytes: bytes | None, value_bytes: bytes | None, offset: int) -> None:
         if key_bytes is None:
@@ -264,7 +331,7 @@ class GroupLoad:
         try:
             key = decode_key(key_bytes)
             if isinstance(key, OffsetCommitKey):
-                self._replay_offset(key, value_bytes)
+                self._replay_offset(key, value_bytes, offset)
             elif isinstance(key, GroupMetadataKey):
                 if value_bytes is None:
                     self.metadata.pop(key.group, None)
@@ -277,8 +344,14 @@ class GroupLoad:
                 extra={"partition": self.partition_index, "offset": offset, "error": str(e)},
             )
 
-    def _replay_offset(self, key: OffsetCommitKey, value_bytes: bytes | None) -> None:
+    def _replay_offset(self, key: OffsetCommitKey, value_bytes: bytes | None, offset: int) -> None:
         tp = TopicPartition(key.topic, key.partition)
+        if self._producer_id >= 0:
+            if value_bytes is not None:
+                v = decode_offset_commit_value(value_bytes)
+                value = OffsetAndMetadata(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp)
+                self.pending.setdefault(self._producer_id, {}).setdefault(key.group, {})[tp] = (value, offset)
+            return
         if value_bytes is None:
             group_offsets = self.offsets.get(key.group)
             if group_offsets is not None:
@@ -287,15 +360,22 @@ class GroupLoad:
                     del self.offsets[key.group]
             return
         v = decode_offset_commit_value(value_bytes)
-        self.offsets.setdefault(key.group, {})[tp] = OffsetAndMetadata(
-            v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp
+        self.offsets.setdefault(key.group, {})[tp] = (
+            OffsetAndMetadata(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp),
+            offset,
         )
 
     def groups(self, now_ms: int) -> dict[str, ClassicGroup]:
         groups = {}
-        for group_id in self.metadata.keys() | self.offsets.keys():
+        pending_groups = {g for by_group in self.pending.values() for g in by_group}
+        for group_id in self.metadata.keys() | self.offsets.keys() | pending_groups:
             group = _group_from_records(group_id, self.metadata.get(group_id), now_ms)
-            group.offsets = self.offsets.get(group_id, {})
+            for tp, (value, position) in self.offsets.get(group_id, {}).items():
+                group.offsets[tp] = value
+                group.offset_log_positions[tp] = position
+            for producer_id, by_group in self.pending.items():
+                if group_id in by_group:
+                    group.pending_txn_offsets[producer_id] = dict(by_group[group_id])
             groups[group_id] = group
         return groups
 

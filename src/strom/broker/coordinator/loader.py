@@ -20,10 +20,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from strom.records.batch import iter_headers
 from strom.records.codec import decode_batch
+from strom.records.control import ControlRecordType, batch_end_txn_marker
 from strom.storage.log_io import lower_thread_priority
 
 if TYPE_CHECKING:
@@ -42,6 +43,17 @@ _T = TypeVar("_T")
 Replay = Callable[[bytes | None, bytes | None, int], None]
 
 
+class TransactionListener(Protocol):
+    """A replay that follows transactions (the group coordinator's: transactional offset commits
+    count only once their COMMIT marker is replayed)."""
+
+    def start_batch(self, producer_id: int, offset: int) -> None:
+        """The records that follow are a batch of ``producer_id``'s transaction (-1: not transactional)."""
+
+    def end_transaction(self, producer_id: int, committed: bool, offset: int) -> None:
+        """``producer_id``'s COMMIT (or ABORT) marker, at ``offset``."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoadStats:
     records: int
@@ -49,15 +61,29 @@ class LoadStats:
     millis: int
 
 
-def replay_records(data: bytes, replay: Replay, pause: Callable[[], None] = lambda: None) -> tuple[int, int]:
-    """Replay every record of the data batches in ``data`` in offset order (control batches are
-    skipped); returns (the offset after the last batch, records replayed)."""
+def replay_records(
+    data: bytes,
+    replay: Replay,
+    pause: Callable[[], None] = lambda: None,
+    transactions: TransactionListener | None = None,
+) -> tuple[int, int]:
+    """Replay every record of the data batches in ``data`` in offset order; control batches are
+    skipped, or given to ``transactions`` as the transaction markers they are. Returns (the
+    offset after the last batch, records replayed)."""
     next_offset = -1
     records = 0
     for header in iter_headers(data):
         next_offset = header.last_offset + 1
         if header.is_control:
+            if transactions is not None and header.producer_id >= 0:
+                marker = batch_end_txn_marker(memoryview(data)[header.position : header.position + header.size])
+                if marker is not None:
+                    transactions.end_transaction(
+                        header.producer_id, marker.type == ControlRecordType.COMMIT, header.base_offset
+                    )
             continue
+        if transactions is not None:
+            transactions.start_batch(header.producer_id if header.is_transactional else -1, header.base_offset)
         # One batch at a time, so the worker can pause between any two.
         for record in decode_batch(data, header.position).records:
             replay(record.key, record.value, record.offset)
@@ -83,16 +109,22 @@ class CoordinatorLoader:
             time.sleep(GIL_PAUSE_S)
             self._slice_started = time.monotonic()
 
-    def _replay_slice(self, data: bytes, replay: Replay) -> tuple[int, int]:
+    def _replay_slice(
+        self, data: bytes, replay: Replay, transactions: TransactionListener | None
+    ) -> tuple[int, int]:
         self._slice_started = time.monotonic()
-        return replay_records(data, replay, self._pause)
+        return replay_records(data, replay, self._pause, transactions)
 
     async def run(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` on the load worker (e.g. building the loaded state's objects)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def load(
-        self, partition: Partition, replay: Replay, is_current: Callable[[], bool]
+        self,
+        partition: Partition,
+        replay: Replay,
+        is_current: Callable[[], bool],
+        transactions: TransactionListener | None = None,
     ) -> LoadStats | None:
         """Replay ``partition`` from its log start to its log end (as Kafka loads: a new leader's
         log is the partition's truth) through ``replay`` on the worker; None if ``is_current``
@@ -112,7 +144,7 @@ class CoordinatorLoader:
             if not data:
                 break
             next_offset, replayed = await loop.run_in_executor(
-                self._executor, self._replay_slice, data, replay
+                self._executor, self._replay_slice, data, replay, transactions
             )
             if next_offset <= offset:
                 break  # no whole batch: nothing more to read

@@ -29,7 +29,12 @@ from strom.broker.handlers.list_config_resources import handle_list_config_resou
 from strom.broker.handlers.list_offsets import handle_list_offsets
 from strom.broker.handlers.log_dirs import handle_describe_log_dirs
 from strom.broker.handlers.metadata import handle_metadata
-from strom.broker.handlers.offsets import handle_offset_commit, handle_offset_delete, handle_offset_fetch
+from strom.broker.handlers.offsets import (
+    handle_offset_commit,
+    handle_offset_delete,
+    handle_offset_fetch,
+    handle_txn_offset_commit,
+)
 from strom.broker.handlers.produce import handle_produce
 from strom.broker.handlers.producer_id import handle_init_producer_id
 from strom.broker.handlers.reassignments import (
@@ -72,6 +77,7 @@ HANDLERS: dict[ApiKey, Handler] = {
     ApiKey.ADD_PARTITIONS_TO_TXN: handle_add_partitions_to_txn,
     ApiKey.ADD_OFFSETS_TO_TXN: handle_add_offsets_to_txn,
     ApiKey.END_TXN: handle_end_txn,
+    ApiKey.TXN_OFFSET_COMMIT: handle_txn_offset_commit,
     ApiKey.WRITE_TXN_MARKERS: handle_write_txn_markers,
     ApiKey.DESCRIBE_PRODUCERS: handle_describe_producers,
     ApiKey.DESCRIBE_TRANSACTIONS: handle_describe_transactions,

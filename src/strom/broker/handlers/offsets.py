@@ -1,4 +1,10 @@
-"""Committed offsets: OffsetCommit (8), OffsetFetch (9) and OffsetDelete (47)."""
+"""Committed offsets: OffsetCommit (8), OffsetFetch (9), TxnOffsetCommit (28) and OffsetDelete (47).
+
+TxnOffsetCommit writes a transaction's offsets, which stay pending in the group until the
+transaction's marker lands; OffsetFetch with ``require_stable`` (v7+, KIP-447) answers
+UNSTABLE_OFFSET_COMMIT for a partition with such a pending commit, so a consumer starting after
+a transactional copier waits for its outcome instead of reading a stale offset.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import time
 from typing import Any
 
 from strom.broker.coordinator.group import OffsetAndMetadata
+from strom.broker.coordinator.group_metadata_manager import TransactionalProducer
 from strom.broker.dispatcher import RequestContext
 from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
@@ -84,8 +91,51 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     )
 
 
+async def handle_txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    now = time.time_ns() // 1_000_000
+    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+    unknown: set[TopicPartition] = set()
+    for topic in request.topics:
+        for p in topic.partitions:
+            tp = TopicPartition(topic.name, p.partition_index)
+            if not _known_partition(ctx, tp):
+                unknown.add(tp)
+                continue
+            offsets[tp] = OffsetAndMetadata(
+                offset=p.committed_offset,
+                leader_epoch=getattr(p, "committed_leader_epoch", NO_LEADER_EPOCH),
+                metadata=p.committed_metadata or "",
+                commit_timestamp=now,
+            )
+    errors: dict[TopicPartition, ErrorCode] = dict.fromkeys(unknown, ErrorCode.unknown_topic_or_partition)
+    if offsets:
+        await ctx.broker.prepare_offsets_topic()
+        errors.update(
+            await ctx.broker.group_coordinator.commit_transactional_offsets(
+                request.group_id,
+                TransactionalProducer(request.producer_id, request.producer_epoch),
+                getattr(request, "generation_id", -1),
+                getattr(request, "member_id", ""),
+                getattr(request, "group_instance_id", None),
+                offsets,
+            )
+        )
+    return build(
+        r.TxnOffsetCommitResponse,
+        topics=_partition_errors(
+            request.topics, errors, r.TxnOffsetCommitResponseTopic, r.TxnOffsetCommitResponsePartition
+        ),
+    )
+
+
 def _fetch_group_topics(
-    ctx: RequestContext, group_id: str, requested: Any, topic_type: Any, partition_type: Any
+    ctx: RequestContext,
+    group_id: str,
+    requested: Any,
+    topic_type: Any,
+    partition_type: Any,
+    require_stable: bool = False,
 ) -> tuple[Any, ...]:
     """One group's answer: the requested partitions, or (``requested`` None) every committed one."""
     coordinator = ctx.broker.group_coordinator
@@ -95,8 +145,21 @@ def _fetch_group_topics(
         found = coordinator.fetch_offsets(
             group_id, [TopicPartition(t.name, i) for t in requested for i in t.partition_indexes]
         )
+    unstable = coordinator.unstable_offsets(group_id, found) if require_stable else set()
     by_topic: dict[str, list[Any]] = {}
     for tp, offset in found.items():
+        if tp in unstable:
+            by_topic.setdefault(tp.topic, []).append(
+                build(
+                    partition_type,
+                    partition_index=tp.partition,
+                    committed_offset=NO_OFFSET,
+                    committed_leader_epoch=NO_LEADER_EPOCH,
+                    metadata="",
+                    error_code=ErrorCode.unstable_offset_commit,
+                )
+            )
+            continue
         by_topic.setdefault(tp.topic, []).append(
             build(
                 partition_type,
@@ -125,6 +188,7 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
                         group.topics,
                         r.OffsetFetchResponseTopics,
                         r.OffsetFetchResponsePartitions,
+                        request.require_stable,
                     )
                     if error == ErrorCode.none
                     else (),
@@ -138,7 +202,12 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
     return build(
         r.OffsetFetchResponse,
         topics=_fetch_group_topics(
-            ctx, request.group_id, request.topics, r.OffsetFetchResponseTopic, r.OffsetFetchResponsePartition
+            ctx,
+            request.group_id,
+            request.topics,
+            r.OffsetFetchResponseTopic,
+            r.OffsetFetchResponsePartition,
+            getattr(request, "require_stable", False),
         )
         if error == ErrorCode.none
         else (),
