@@ -4,6 +4,7 @@ Transactions are opened with Strom's transactional producer and left open (flush
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 import uuid
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 import pytest
 
 from integration.clients_util import create_topic
+from kafka_wire import KafkaWire, kio_request
 from strom.cli.main import main
 from strom.client import Consumer, Producer, TopicPartition
+from strom.records.codec import RecordSpec, encode_batch
 
 FAST = {"linger.ms": 1, "retry.backoff.ms": 20}
 
@@ -215,3 +218,38 @@ def test_find_hanging_skips_transactions_their_coordinator_still_runs(
     assert unscoped.code == 2 and "--topic or --broker-id" in unscoped.err
     partition_only = strom("transactions", "find-hanging", "--broker-id", "0", "--partition", "0")
     assert partition_only.code == 2 and "--partition needs --topic" in partition_only.err
+
+
+def test_find_hanging_reports_a_transaction_no_coordinator_knows(strom: Strom, bootstrap: str) -> None:
+    """A transactional batch written without a transactional id bypasses the coordinator (as in
+    Kafka, how hanging transactions arise): find-hanging reports it, and abort ends it."""
+    topic = _topic("cli-hanging-real")
+    create_topic(bootstrap, topic)
+    with KafkaWire.connect(bootstrap) as wire:
+        init = kio_request("init_producer_id", 4)
+        ids = wire.request(
+            init.InitProducerIdRequest(
+                transactional_id=None,
+                transaction_timeout=datetime.timedelta(seconds=60),
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        )
+        batch = encode_batch(
+            [RecordSpec(b"k", b"hanging")],
+            producer_id=ids.producer_id,
+            producer_epoch=ids.producer_epoch,
+            base_sequence=0,
+            is_transactional=True,
+        )
+        assert wire.produce(topic, batch).error_code == 0
+    time.sleep(0.01)
+    found = strom("transactions", "find-hanging", "--broker-id", "0", "--max-transaction-timeout", "0")
+    assert found.code == 0, found.err
+    rows = found.rows()[1:]
+    assert [(r[0], r[1], r[2], r[5]) for r in rows] == [(topic, "0", str(ids.producer_id), "0")]
+    aborted = strom("transactions", "abort", "--topic", topic, "--partition", "0", "--start-offset", "0")
+    assert aborted.code == 0, aborted.err
+    assert _last_stable_offset(bootstrap, TopicPartition(topic, 0)) == 2
+    again = strom("transactions", "find-hanging", "--broker-id", "0", "--max-transaction-timeout", "0")
+    assert len(again.rows()) == 1  # the header alone
