@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from cluster_harness import RECOVERY_TIMEOUT, Cluster
 from integration.clients_util import confluent_consumer, poll_confluent
+from integration.test_eos_copy import SUFFIX, Copier, committed, fill, read_committed_output
 from kafka_wire import KafkaWire, kio_request
 from strom.protocol.errors import ErrorCode
 
@@ -114,3 +116,43 @@ def test_the_coordinator_moves_when_its_broker_is_killed(cluster: Cluster) -> No
     producer.commit_transaction(30)
     assert _read_committed(cluster, topic, 61, timeout=10) == sorted(first + second)
     cluster.start_broker(coordinator)
+
+
+def test_exactly_once_copy_through_a_leader_and_a_coordinator_crash(cluster: Cluster, tmp_path: Path) -> None:
+    """Kafka's transactions_test on the cluster: the copier (tests/eos_copier.py, librdkafka) is
+    killed with SIGKILL, then an output partition's leader and then the transaction coordinator
+    are killed and started again; a read_committed consumer sees every input record once, in order."""
+    run = uuid.uuid4().hex[:6]
+    source, sink, group = f"eos-in-{run}", f"eos-out-{run}", f"eos-{run}"
+    cluster.create_topic(source, partitions=PARTITIONS)
+    cluster.create_topic(sink, partitions=PARTITIONS)
+    records = 30_000
+    values = fill(cluster.bootstrap, source, records, PARTITIONS)
+    copier = Copier("confluent", cluster.bootstrap, source, sink, group, tmp_path / "copier.log")
+    copier.start()
+    deadline = time.monotonic() + 240
+
+    def wait_until(target: int) -> int:
+        while (done := committed(cluster.bootstrap, group, source, PARTITIONS)) < target:
+            assert time.monotonic() < deadline, (done, copier.log.read_text()[-3000:])
+            copier.ensure_running()
+            time.sleep(0.2)
+        return done
+
+    try:
+        killed_at = wait_until(records // 5)
+        copier.kill9()
+        copier.start()
+        progressed = wait_until(killed_at + 1000)
+        leader = cluster.metadata(sink).partition(sink, 0).leader
+        cluster.restart(leader, crash=True)
+        coordinator = _coordinator(cluster, f"copier-{group}")
+        wait_until(progressed + 2000)
+        if coordinator is not None:
+            cluster.restart(coordinator, crash=True)
+        wait_until(records)
+    finally:
+        copier.stop()
+    got = read_committed_output(cluster.bootstrap, sink, PARTITIONS)
+    for p in range(PARTITIONS):
+        assert got[p] == [v + SUFFIX for v in values[p]], p

@@ -36,11 +36,12 @@ SUFFIX = b"|copied"
 DEADLINE_S = 180
 
 
-def _fill(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
+def fill(bootstrap: str, topic: str, records: int = RECORDS, partitions: int = PARTITIONS) -> dict[int, list[bytes]]:
+    """The input: ``records`` values spread round-robin over the partitions, each naming its place."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
-    values: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
-    for i in range(RECORDS):
-        p = i % PARTITIONS
+    values: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    for i in range(records):
+        p = i % partitions
         value = f"{p}-{len(values[p]):06d}".encode()
         values[p].append(value)
         while True:
@@ -80,11 +81,11 @@ class Copier:
             self.process.wait(10)
 
 
-def _committed(bootstrap: str, group: str, topic: str) -> int:
+def committed(bootstrap: str, group: str, topic: str, partitions: int = PARTITIONS) -> int:
     """Records the group's committed offsets cover (0 while its coordinator is unreachable)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
-        offsets = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=5)
+        offsets = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=5)
         return sum(max(tp.offset, 0) for tp in offsets)
     except Exception:
         return 0
@@ -92,7 +93,7 @@ def _committed(bootstrap: str, group: str, topic: str) -> int:
         consumer.close()
 
 
-def _read_output(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
+def read_committed_output(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> dict[int, list[bytes]]:
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -102,12 +103,12 @@ def _read_output(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
             "fetch.wait.max.ms": 100,
         }
     )
-    got: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    got: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
     eof: set[int] = set()
     try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         deadline = time.monotonic() + 60
-        while len(eof) < PARTITIONS and time.monotonic() < deadline:
+        while len(eof) < partitions and time.monotonic() < deadline:
             for m in consumer.consume(1000, 0.5):
                 if m.error() is not None:
                     eof.add(m.partition())  # _PARTITION_EOF: the LSO is reached
@@ -127,13 +128,13 @@ def test_exactly_once_copy_through_copier_and_broker_crashes(
     source, sink, group = f"eos-in-{run}", f"eos-out-{run}", f"eos-{client}-{run}"
     create_topic(broker.bootstrap, source, partitions=PARTITIONS)
     create_topic(broker.bootstrap, sink, partitions=PARTITIONS)
-    values = _fill(broker.bootstrap, source)
+    values = fill(broker.bootstrap, source)
     copier = Copier(client, broker.bootstrap, source, sink, group, tmp_path / "copier.log")
     copier.start()
     deadline = time.monotonic() + DEADLINE_S
 
     def wait_until(target: int) -> int:
-        while (done := _committed(broker.bootstrap, group, source)) < target:
+        while (done := committed(broker.bootstrap, group, source)) < target:
             assert time.monotonic() < deadline, (done, copier.log.read_text()[-3000:])
             copier.ensure_running()  # a copier that exited (fenced, or stuck) is replaced
             time.sleep(0.1)
@@ -148,7 +149,7 @@ def test_exactly_once_copy_through_copier_and_broker_crashes(
         wait_until(RECORDS)
     finally:
         copier.stop()
-    got = _read_output(broker.bootstrap, sink)
+    got = read_committed_output(broker.bootstrap, sink)
     for p in range(PARTITIONS):
         expected = [v + SUFFIX for v in values[p]]
         assert len(got[p]) == len(expected), (p, len(got[p]), len(expected))
