@@ -140,14 +140,14 @@ def test_exactly_once_copy_through_a_leader_and_a_coordinator_crash(cluster: Clu
         return done
 
     try:
-        killed_at = wait_until(records // 5)
+        copier.wait_for_transactions(10, deadline)  # 5,000 of 30,000 records copied
         copier.kill9()
         copier.start()
-        progressed = wait_until(killed_at + 1000)
+        copier.wait_for_transactions(copier.transactions() + 2, deadline)
         leader = cluster.metadata(sink).partition(sink, 0).leader
         cluster.restart(leader, crash=True)
         coordinator = _coordinator(cluster, f"copier-{group}")
-        wait_until(progressed + 2000)
+        copier.wait_for_transactions(copier.transactions() + 2, deadline)
         if coordinator is not None:
             cluster.restart(coordinator, crash=True)
         wait_until(records)

@@ -66,6 +66,18 @@ class Copier:
             self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
         self.starts += 1
 
+    def transactions(self) -> int:
+        """Transactions committed so far by every copier of this test (their "committed" lines)."""
+        return sum(1 for line in self.log.read_text(errors="replace").splitlines() if line.startswith("committed "))
+
+    def wait_for_transactions(self, count: int, deadline: float) -> None:
+        """Until the copiers committed ``count`` transactions: progress measured at the copier,
+        whatever the speed of the machine."""
+        while self.transactions() < count:
+            assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+            self.ensure_running()
+            time.sleep(0.05)
+
     def ensure_running(self) -> None:
         if self.process is None or self.process.poll() is not None:
             self.start()
@@ -141,10 +153,10 @@ def test_exactly_once_copy_through_copier_and_broker_crashes(
         return done
 
     try:
-        killed_at = wait_until(RECORDS // 4)
+        copier.wait_for_transactions(20, deadline)  # 10,000 of 100,000 records copied
         copier.kill9()  # mid-transaction, most likely: its successor fences it and aborts it
         copier.start()
-        wait_until(killed_at + 2 * 500)  # the successor copies (two transactions of 500)
+        copier.wait_for_transactions(copier.transactions() + 2, deadline)  # the successor copies
         broker.restart(crash=True)  # the coordinators and every leader, killed with SIGKILL
         wait_until(RECORDS)
     finally:

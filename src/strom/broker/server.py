@@ -884,6 +884,10 @@ class BrokerServer:
         Kafka does: compacted; in a cluster with transaction.state.log.replication.factor replicas
         and transaction.state.log.min.isr, refused with fewer live brokers than the factor."""
         if self.control_plane.image.topic(TRANSACTION_STATE_TOPIC) is not None:
+            if not self.control_plane.replicated:
+                # Led from its creation on; again here in case the request that created it was
+                # cancelled (its client went away) between the creation and the leading.
+                self._lead_transaction_log()
             return
         num_partitions = self.config.transaction_state_log_num_partitions
         async with self._transaction_topic_lock:

@@ -102,7 +102,11 @@ class TransactionCoordinator:
         task.add_done_callback(self._tasks.discard)
 
     def on_become_leader(self, tp: TopicPartition, leader_epoch: int) -> None:
-        if tp.topic == TRANSACTION_STATE_TOPIC and not self._stopped:
+        if (
+            tp.topic == TRANSACTION_STATE_TOPIC
+            and not self._stopped
+            and not self.state.coordinates(tp.partition, leader_epoch)
+        ):
             self._spawn(self._load(tp.partition, leader_epoch))
 
     def on_become_follower(self, tp: TopicPartition) -> None:

@@ -113,6 +113,10 @@ class TransactionStateManager:
     def loading(self) -> bool:
         return bool(self._loading)
 
+    def coordinates(self, partition: int, leader_epoch: int) -> bool:
+        """This broker owns (or is loading) ``partition`` in ``leader_epoch`` already."""
+        return self._owned.get(partition, self._loading.get(partition)) == leader_epoch
+
     # --- writing ---------------------------------------------------------------------------
 
     async def append(self, transactional_id: str, coordinator_epoch: int, transition: TxnTransition) -> ErrorCode:
