@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from strom.broker.coordinator.consumer_protocol import subscription_topics
@@ -165,6 +166,21 @@ class ClassicGroup:
 
     def has_pending_txn_offset(self, tp: TopicPartition) -> bool:
         return any(tp in pending for pending in self.pending_txn_offsets.values())
+
+    def pending_txn_partitions(self) -> set[TopicPartition]:
+        return {tp for pending in self.pending_txn_offsets.values() for tp in pending}
+
+    def remove_offsets(self, partitions: Iterable[TopicPartition]) -> None:
+        """The partitions' tombstones are written: as Kafka replays a tombstone, the committed
+        offset goes and so do the pending offsets of open transactions for the partition (a
+        later COMMIT must not bring back an offset that was deleted)."""
+        for tp in partitions:
+            self.offsets.pop(tp, None)
+            self.offset_log_positions.pop(tp, None)
+            for pending in self.pending_txn_offsets.values():
+                pending.pop(tp, None)
+        for producer_id in [p for p, pending in self.pending_txn_offsets.items() if not pending]:
+            del self.pending_txn_offsets[producer_id]
 
     def __repr__(self) -> str:
         return (

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from strom.broker.coordinator.group import (
@@ -840,10 +840,14 @@ class GroupCoordinator:
         member_id: str,
         group_instance_id: str | None,
         offsets: dict[TopicPartition, OffsetAndMetadata],
+        verify: Callable[[TopicPartition], Awaitable[ErrorCode]] | None = None,
     ) -> dict[TopicPartition, ErrorCode]:
         """TxnOffsetCommit: the offsets are written as a batch of the producer's transaction and
         stay pending in the group (not fetched, not expired) until the transaction's marker lands
-        in the group's offsets partition (``on_transaction_completed``)."""
+        in the group's offsets partition (``on_transaction_completed``). ``verify`` asks the
+        transaction coordinator whether that partition is in the producer's ongoing transaction
+        (KIP-890), before the transaction's first write there: a late commit must not open a
+        transaction no coordinator will end."""
         error = self._validate_txn_offset_commit(group_id, generation_id, member_id, group_instance_id)
         if error != ErrorCode.none:
             return dict.fromkeys(offsets, error)
@@ -855,14 +859,22 @@ class GroupCoordinator:
                 results[tp] = ErrorCode.offset_metadata_too_large
             else:
                 valid[tp] = offset
+        guard = self._manager.start_verification(group_id, producer.producer_id) if valid and verify else None
+        if guard is not None and verify is not None:
+            error = await verify(self._manager.partition_of(group_id))
+            if error != ErrorCode.none:
+                results.update(dict.fromkeys(valid, error))
+                return results
         if valid:
             async with group.write_lock:
                 if self._is_current(group):
-                    outcome = await self._manager.store_offsets(group_id, valid, producer)
+                    outcome = await self._manager.store_offsets(group_id, valid, producer, guard)
                     error = outcome.error
                     # A marker that landed while the write waited for the ISR (the coordinator
                     # aborting the transaction on its timeout) has ended it: nothing is pending.
-                    if error == ErrorCode.none and self._manager.transaction_open(group_id, producer.producer_id):
+                    if error == ErrorCode.none and self._manager.transaction_open(
+                        group_id, producer.producer_id
+                    ):
                         pending = group.pending_txn_offsets.setdefault(producer.producer_id, {})
                         for tp, offset in valid.items():
                             pending[tp] = (offset, outcome.base_offset)
@@ -884,10 +896,17 @@ class GroupCoordinator:
         self._ensure_offsets_topic()
         group = self._groups.get(group_id)
         if group is None:
+            if generation_id >= 0:
+                return ErrorCode.illegal_generation  # a member of a generation the group never had
+            # A producer committing for a group without membership: a simple group of its own.
             self._groups[group_id] = ClassicGroup(group_id, self._time_ms())
             return ErrorCode.none
         if group.is_(GroupState.DEAD):
             return ErrorCode.coordinator_not_available
+        if generation_id < 0 and group.is_(GroupState.EMPTY):
+            return ErrorCode.none
+        # Without member fields (v0-v2) a transaction commits whatever the group's state, unlike
+        # OffsetCommit: the producer cannot know the group's members.
         if generation_id < 0 and member_id == UNKNOWN_MEMBER_ID and group_instance_id is None:
             return ErrorCode.none
         if group.is_static_member_fenced(member_id, group_instance_id):
@@ -903,7 +922,10 @@ class GroupCoordinator:
         (and the ISR has it): its pending offsets in that partition's groups are applied or
         dropped (Kafka's scheduleHandleTxnCompletion)."""
         for group in list(self._groups.values()):
-            if producer_id in group.pending_txn_offsets and self._partition_of(group.group_id) == offsets_partition:
+            if (
+                producer_id in group.pending_txn_offsets
+                and self._partition_of(group.group_id) == offsets_partition
+            ):
                 group.complete_txn_offsets(producer_id, committed)
 
     def _validate_offset_commit(
@@ -988,12 +1010,16 @@ class GroupCoordinator:
             for tp in partitions:
                 if subscribed is None or tp.topic in subscribed:
                     results[tp] = ErrorCode.group_subscribed_to_topic
-        deletable = [tp for tp in partitions if tp not in results and tp in group.offsets]
+        # A tombstone also for a partition with only a transaction's pending offset: it drops that.
+        deletable = [
+            tp
+            for tp in partitions
+            if tp not in results and (tp in group.offsets or group.has_pending_txn_offset(tp))
+        ]
         outcome = await self._manager.delete_offsets(group_id, deletable)
         if outcome.error != ErrorCode.none:
             return outcome.error, {}
-        for tp in deletable:
-            del group.offsets[tp]
+        group.remove_offsets(deletable)
         for tp in partitions:
             results.setdefault(tp, ErrorCode.none)
         return ErrorCode.none, results
@@ -1002,17 +1028,21 @@ class GroupCoordinator:
         """A deleted topic's committed offsets go with it, in every group (as Kafka does); returns count."""
         removed = 0
         for group in list(self._groups.values()):
-            if not any(tp.topic == topic for tp in group.offsets):
+            if not any(tp.topic == topic for tp in self._offset_partitions(group)):
                 continue
             async with group.write_lock:
-                gone = [tp for tp in group.offsets if tp.topic == topic]
+                gone = [tp for tp in self._offset_partitions(group) if tp.topic == topic]
                 if not gone or not self._is_current(group):
                     continue
                 if (await self._manager.delete_offsets(group.group_id, gone)).error == ErrorCode.none:
-                    for tp in gone:
-                        group.offsets.pop(tp, None)
+                    group.remove_offsets(gone)
                     removed += len(gone)
         return removed
+
+    @staticmethod
+    def _offset_partitions(group: ClassicGroup) -> set[TopicPartition]:
+        """Partitions with a committed offset or a transaction's pending one."""
+        return group.offsets.keys() | group.pending_txn_partitions()
 
     async def expire_offsets(self) -> int:
         """offsets.retention.minutes: drop offsets of groups that stayed empty that long; returns count."""
@@ -1034,8 +1064,7 @@ class GroupCoordinator:
         if expired:
             if (await self._manager.delete_offsets(group.group_id, expired)).error != ErrorCode.none:
                 return 0
-            for tp in expired:
-                del group.offsets[tp]
+            group.remove_offsets(expired)
             log.info("expired offsets", extra={"group": group.group_id, "partitions": len(expired)})
         if (
             self._is_current(group)

@@ -98,6 +98,7 @@ class GroupMetadataManager:
         *,
         offsets: bool,
         producer: TransactionalProducer | None = None,
+        verification_guard: object | None = None,
     ) -> AppendOutcome:
         """Append ``records`` to the group's offsets partition with acks=-1 and answer once the
         HW passes them (or offsets.commit.timeout.ms passes): only then does a commit or an
@@ -116,8 +117,13 @@ class GroupMetadataManager:
                 is_transactional=True,
             )
             origin = AppendOrigin.COORDINATOR
+        guards = (
+            {tp: (producer.producer_id, verification_guard)}
+            if producer is not None and verification_guard is not None
+            else None
+        )
         results = await self._replica_manager.append(
-            -1, [(tp, batch)], timeout_ms=self._commit_timeout_ms, origin=origin
+            -1, [(tp, batch)], timeout_ms=self._commit_timeout_ms, origin=origin, verification_guards=guards
         )
         result = results[tp]
         if result.error == ErrorCode.none:
@@ -137,7 +143,10 @@ class GroupMetadataManager:
             return AppendOutcome(ErrorCode.coordinator_not_available, result.error_message)
         if result.error in (ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error):
             return AppendOutcome(ErrorCode.not_coordinator, result.error_message)
-        if producer is not None and result.error in (ErrorCode.invalid_producer_epoch, ErrorCode.invalid_txn_state):
+        if producer is not None and result.error in (
+            ErrorCode.invalid_producer_epoch,
+            ErrorCode.invalid_txn_state,
+        ):
             return AppendOutcome(result.error, result.error_message)  # the producer's, not the coordinator's
         if offsets and result.error in (
             ErrorCode.message_too_large,
@@ -179,8 +188,11 @@ class GroupMetadataManager:
         group_id: str,
         offsets: dict[TopicPartition, OffsetAndMetadata],
         producer: TransactionalProducer | None = None,
+        verification_guard: object | None = None,
     ) -> AppendOutcome:
-        """The offsets' records; with ``producer``, as one batch of its transaction."""
+        """The offsets' records; with ``producer``, as one batch of its transaction (its first in
+        the partition appended only while ``verification_guard``, from ``start_verification``,
+        holds)."""
         records = [
             RecordSpec(
                 encode_offset_commit_key(OffsetCommitKey(group_id, tp.topic, tp.partition)),
@@ -192,7 +204,16 @@ class GroupMetadataManager:
             )
             for tp, o in offsets.items()
         ]
-        return await self._append(group_id, records, offsets=True, producer=producer)
+        return await self._append(
+            group_id, records, offsets=True, producer=producer, verification_guard=verification_guard
+        )
+
+    def start_verification(self, group_id: str, producer_id: int) -> object | None:
+        """A KIP-890 guard for the producer's first transactional write to the group's offsets
+        partition, to hold while its coordinator confirms the transaction; None when the
+        transaction is open there already (or the partition is not here: the append answers)."""
+        partition = self._replica_manager.partition(self.partition_of(group_id))
+        return partition.start_verification(producer_id) if partition is not None else None
 
     def transaction_open(self, group_id: str, producer_id: int) -> bool:
         """Whether the producer's transaction is still open in the group's offsets partition (its
@@ -211,12 +232,13 @@ class GroupMetadataManager:
         return await self._append(group_id, records, offsets=True)
 
     async def delete_group(self, group: ClassicGroup) -> AppendOutcome:
-        """Tombstones for every offset of the group and for its metadata."""
+        """Tombstones for every offset of the group, its open transactions' pending ones
+        included (as Kafka deletes a group), and for its metadata."""
         records = [
             RecordSpec(
                 encode_offset_commit_key(OffsetCommitKey(group.group_id, tp.topic, tp.partition)), None
             )
-            for tp in group.offsets
+            for tp in group.offsets.keys() | group.pending_txn_partitions()
         ]
         records.append(RecordSpec(encode_group_metadata_key(GroupMetadataKey(group.group_id)), None))
         return await self._append(group.group_id, records, offsets=False)
@@ -346,18 +368,26 @@ class GroupLoad:
 
     def _replay_offset(self, key: OffsetCommitKey, value_bytes: bytes | None, offset: int) -> None:
         tp = TopicPartition(key.topic, key.partition)
-        if self._producer_id >= 0:
-            if value_bytes is not None:
-                v = decode_offset_commit_value(value_bytes)
-                value = OffsetAndMetadata(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp)
-                self.pending.setdefault(self._producer_id, {}).setdefault(key.group, {})[tp] = (value, offset)
-            return
         if value_bytes is None:
+            # A tombstone deletes the committed offset and any open transaction's pending one.
             group_offsets = self.offsets.get(key.group)
             if group_offsets is not None:
                 group_offsets.pop(tp, None)
                 if not group_offsets:
                     del self.offsets[key.group]
+            for producer_id, by_group in list(self.pending.items()):
+                pending = by_group.get(key.group)
+                if pending is not None and pending.pop(tp, None) is not None and not pending:
+                    del by_group[key.group]
+                    if not by_group:
+                        del self.pending[producer_id]
+            return
+        if self._producer_id >= 0:
+            v = decode_offset_commit_value(value_bytes)
+            value = OffsetAndMetadata(
+                v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp
+            )
+            self.pending.setdefault(self._producer_id, {}).setdefault(key.group, {})[tp] = (value, offset)
             return
         v = decode_offset_commit_value(value_bytes)
         self.offsets.setdefault(key.group, {})[tp] = (

@@ -109,6 +109,13 @@ async def handle_txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
                 commit_timestamp=now,
             )
     errors: dict[TopicPartition, ErrorCode] = dict.fromkeys(unknown, ErrorCode.unknown_topic_or_partition)
+
+    async def verify(offsets_tp: TopicPartition) -> ErrorCode:
+        answered = await ctx.broker.transaction_verifier.verify(
+            request.transactional_id, request.producer_id, request.producer_epoch, {offsets_tp}
+        )
+        return _verification_error(answered[offsets_tp])
+
     if offsets:
         await ctx.broker.prepare_offsets_topic()
         errors.update(
@@ -119,6 +126,7 @@ async def handle_txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
                 getattr(request, "member_id", ""),
                 getattr(request, "group_instance_id", None),
                 offsets,
+                verify,
             )
         )
     return build(
@@ -127,6 +135,16 @@ async def handle_txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
             request.topics, errors, r.TxnOffsetCommitResponseTopic, r.TxnOffsetCommitResponsePartition
         ),
     )
+
+
+def _verification_error(error: ErrorCode) -> ErrorCode:
+    """A KIP-890 verification's answer (a produce error) as TxnOffsetCommit gives it, as Kafka's
+    group coordinator maps it: a coordinator that cannot answer is retriable for the client."""
+    if error in (ErrorCode.not_enough_replicas, ErrorCode.request_timed_out):
+        return ErrorCode.coordinator_not_available
+    if error == ErrorCode.network_exception:
+        return ErrorCode.coordinator_load_in_progress  # older clients retry it without a lookup
+    return error
 
 
 def _fetch_group_topics(
