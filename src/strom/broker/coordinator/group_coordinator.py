@@ -810,13 +810,7 @@ class GroupCoordinator:
         if error != ErrorCode.none:
             return dict.fromkeys(offsets, error)
         group = self._groups[group_id]
-        results: dict[TopicPartition, ErrorCode] = {}
-        valid: dict[TopicPartition, OffsetAndMetadata] = {}
-        for tp, offset in offsets.items():
-            if len(offset.metadata.encode()) > self.config.offset_metadata_max_bytes:
-                results[tp] = ErrorCode.offset_metadata_too_large
-            else:
-                valid[tp] = offset
+        results, valid = self._split_by_metadata_size(offsets)
         if valid:
             # Applied once the ISR holds the records, under the group's write lock: commits of a
             # group take effect in their log order, and a commit read back never goes backwards.
@@ -852,13 +846,7 @@ class GroupCoordinator:
         if error != ErrorCode.none:
             return dict.fromkeys(offsets, error)
         group = self._groups[group_id]
-        results: dict[TopicPartition, ErrorCode] = {}
-        valid: dict[TopicPartition, OffsetAndMetadata] = {}
-        for tp, offset in offsets.items():
-            if len(offset.metadata.encode()) > self.config.offset_metadata_max_bytes:
-                results[tp] = ErrorCode.offset_metadata_too_large
-            else:
-                valid[tp] = offset
+        results, valid = self._split_by_metadata_size(offsets)
         guard = self._manager.start_verification(group_id, producer.producer_id) if valid and verify else None
         if guard is not None and verify is not None:
             error = await verify(self._manager.partition_of(group_id))
@@ -883,6 +871,20 @@ class GroupCoordinator:
             for tp in valid:
                 results[tp] = error
         return results
+
+    def _split_by_metadata_size(
+        self, offsets: dict[TopicPartition, OffsetAndMetadata]
+    ) -> tuple[dict[TopicPartition, ErrorCode], dict[TopicPartition, OffsetAndMetadata]]:
+        """OFFSET_METADATA_TOO_LARGE for the offsets whose metadata passes offset.metadata.max.bytes,
+        and the others, to write."""
+        results: dict[TopicPartition, ErrorCode] = {}
+        valid: dict[TopicPartition, OffsetAndMetadata] = {}
+        for tp, offset in offsets.items():
+            if len(offset.metadata.encode()) > self.config.offset_metadata_max_bytes:
+                results[tp] = ErrorCode.offset_metadata_too_large
+            else:
+                valid[tp] = offset
+        return results, valid
 
     def _validate_txn_offset_commit(
         self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None

@@ -19,6 +19,7 @@ OFFSET_COMMIT_VALUE_VERSION = 3
 GROUP_METADATA_VALUE_VERSION = 3
 _FIRST_FLEXIBLE_VALUE_VERSION = 4
 
+_I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -74,7 +75,9 @@ class GroupMetadataValue:
 # --- writing -----------------------------------------------------------------------------
 
 
-class _Writer:
+class RecordWriter:
+    """Kafka's primitive types, big-endian, for the coordinators' records."""
+
     def __init__(self) -> None:
         self.out = bytearray()
 
@@ -101,7 +104,7 @@ class _Writer:
 
 
 def encode_offset_commit_key(key: OffsetCommitKey) -> bytes:
-    w = _Writer()
+    w = RecordWriter()
     w.int16(OFFSET_COMMIT_KEY_VERSION)
     w.string(key.group)
     w.string(key.topic)
@@ -110,14 +113,14 @@ def encode_offset_commit_key(key: OffsetCommitKey) -> bytes:
 
 
 def encode_group_metadata_key(key: GroupMetadataKey) -> bytes:
-    w = _Writer()
+    w = RecordWriter()
     w.int16(GROUP_METADATA_KEY_VERSION)
     w.string(key.group)
     return bytes(w.out)
 
 
 def encode_offset_commit_value(value: OffsetCommitValue) -> bytes:
-    w = _Writer()
+    w = RecordWriter()
     if value.expire_timestamp >= 0:
         # Only v1 can carry an explicit expiry (a client's retention_time).
         w.int16(1)
@@ -135,7 +138,7 @@ def encode_offset_commit_value(value: OffsetCommitValue) -> bytes:
 
 
 def encode_group_metadata_value(value: GroupMetadataValue) -> bytes:
-    w = _Writer()
+    w = RecordWriter()
     w.int16(GROUP_METADATA_VALUE_VERSION)
     w.string(value.protocol_type)
     w.int32(value.generation)
@@ -158,7 +161,10 @@ def encode_group_metadata_value(value: GroupMetadataValue) -> bytes:
 # --- reading -----------------------------------------------------------------------------
 
 
-class _Reader:
+class RecordReader:
+    """Kafka's primitive types from a coordinator record; ``flexible``: compact strings and
+    arrays and tagged fields (the versions a record's schema marks flexible)."""
+
     def __init__(self, data: bytes, flexible: bool = False) -> None:
         self.data = data
         self.position = 0
@@ -171,6 +177,10 @@ class _Reader:
         chunk = self.data[self.position : end]
         self.position = end
         return chunk
+
+    def int8(self) -> int:
+        value: int = _I8.unpack(self._take(1))[0]
+        return value
 
     def int16(self) -> int:
         value: int = _I16.unpack(self._take(2))[0]
@@ -226,7 +236,7 @@ class _Reader:
 
 def decode_key(data: bytes) -> OffsetCommitKey | GroupMetadataKey | None:
     """The key's type and fields; None for record types a classic coordinator does not use."""
-    r = _Reader(data)
+    r = RecordReader(data)
     version = r.int16()
     if version in (0, 1):
         return OffsetCommitKey(r.string(), r.string(), r.int32())
@@ -236,8 +246,8 @@ def decode_key(data: bytes) -> OffsetCommitKey | GroupMetadataKey | None:
 
 
 def decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
-    version = _Reader(data).int16()
-    r = _Reader(data, flexible=version >= _FIRST_FLEXIBLE_VALUE_VERSION)
+    version = RecordReader(data).int16()
+    r = RecordReader(data, flexible=version >= _FIRST_FLEXIBLE_VALUE_VERSION)
     r.position = 2
     offset = r.int64()
     leader_epoch = r.int32() if version >= 3 else -1
@@ -249,8 +259,8 @@ def decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
 
 
 def decode_group_metadata_value(data: bytes) -> GroupMetadataValue:
-    version = _Reader(data).int16()
-    r = _Reader(data, flexible=version >= _FIRST_FLEXIBLE_VALUE_VERSION)
+    version = RecordReader(data).int16()
+    r = RecordReader(data, flexible=version >= _FIRST_FLEXIBLE_VALUE_VERSION)
     r.position = 2
     protocol_type = r.string()
     generation = r.int32()

@@ -48,20 +48,18 @@ def _known_partition(ctx: RequestContext, tp: TopicPartition) -> bool:
     return topic is not None and 0 <= tp.partition < len(topic.partitions)
 
 
-async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
-    r = ctx.response
-    now = time.time_ns() // 1_000_000
-    retention = getattr(request, "retention_time", None)
-    retention_ms = to_ms(retention) if retention is not None else -1
-    # v2-v4 may ask for their own retention; -1 means the broker's offsets.retention.minutes.
-    expire_timestamp = now + retention_ms if retention_ms >= 0 else -1
+def _requested_offsets(
+    ctx: RequestContext, request: Any, now: int, expire_timestamp: int = -1
+) -> tuple[dict[TopicPartition, OffsetAndMetadata], dict[TopicPartition, ErrorCode]]:
+    """An OffsetCommit's or TxnOffsetCommit's offsets, and UNKNOWN_TOPIC_OR_PARTITION for those of
+    partitions that do not exist."""
     offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-    unknown: set[TopicPartition] = set()
+    errors: dict[TopicPartition, ErrorCode] = {}
     for topic in request.topics:
         for p in topic.partitions:
             tp = TopicPartition(topic.name, p.partition_index)
             if not _known_partition(ctx, tp):
-                unknown.add(tp)
+                errors[tp] = ErrorCode.unknown_topic_or_partition
                 continue
             offsets[tp] = OffsetAndMetadata(
                 offset=p.committed_offset,
@@ -70,7 +68,17 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
                 commit_timestamp=now,
                 expire_timestamp=expire_timestamp,
             )
-    errors: dict[TopicPartition, ErrorCode] = dict.fromkeys(unknown, ErrorCode.unknown_topic_or_partition)
+    return offsets, errors
+
+
+async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
+    r = ctx.response
+    now = time.time_ns() // 1_000_000
+    retention = getattr(request, "retention_time", None)
+    retention_ms = to_ms(retention) if retention is not None else -1
+    # v2-v4 may ask for their own retention; -1 means the broker's offsets.retention.minutes.
+    expire_timestamp = now + retention_ms if retention_ms >= 0 else -1
+    offsets, errors = _requested_offsets(ctx, request, now, expire_timestamp)
     if offsets:
         await ctx.broker.prepare_offsets_topic()  # off the event loop, on first use
         errors.update(
@@ -94,21 +102,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
 async def handle_txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
     r = ctx.response
     now = time.time_ns() // 1_000_000
-    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-    unknown: set[TopicPartition] = set()
-    for topic in request.topics:
-        for p in topic.partitions:
-            tp = TopicPartition(topic.name, p.partition_index)
-            if not _known_partition(ctx, tp):
-                unknown.add(tp)
-                continue
-            offsets[tp] = OffsetAndMetadata(
-                offset=p.committed_offset,
-                leader_epoch=getattr(p, "committed_leader_epoch", NO_LEADER_EPOCH),
-                metadata=p.committed_metadata or "",
-                commit_timestamp=now,
-            )
-    errors: dict[TopicPartition, ErrorCode] = dict.fromkeys(unknown, ErrorCode.unknown_topic_or_partition)
+    offsets, errors = _requested_offsets(ctx, request, now)
 
     async def verify(offsets_tp: TopicPartition) -> ErrorCode:
         answered = await ctx.broker.transaction_verifier.verify(

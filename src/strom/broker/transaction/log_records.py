@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from strom.broker.coordinator.records import CoordinatorRecordError, _Reader, _Writer
+from strom.broker.coordinator.records import CoordinatorRecordError, RecordReader, RecordWriter
 
 KEY_VERSION = 0
 VALUE_VERSION = 0
@@ -52,14 +52,14 @@ class TransactionLogValue:
 
 
 def encode_key(transactional_id: str) -> bytes:
-    w = _Writer()
+    w = RecordWriter()
     w.int16(KEY_VERSION)
     w.string(transactional_id)
     return bytes(w.out)
 
 
 def decode_key(data: bytes) -> str:
-    r = _Reader(data)
+    r = RecordReader(data)
     version = r.int16()
     if version != KEY_VERSION:
         raise CoordinatorRecordError(f"unknown transaction log key version {version}")
@@ -67,7 +67,7 @@ def decode_key(data: bytes) -> str:
 
 
 def encode_value(value: TransactionLogValue) -> bytes:
-    w = _Writer()
+    w = RecordWriter()
     w.int16(VALUE_VERSION)
     w.int64(value.producer_id)
     w.int16(value.producer_epoch)
@@ -86,15 +86,15 @@ def encode_value(value: TransactionLogValue) -> bytes:
 
 def decode_value(data: bytes) -> TransactionLogValue:
     """Versions 0 and 1; CoordinatorRecordError for anything else or a malformed record."""
-    version = _Reader(data).int16()
+    version = RecordReader(data).int16()
     if not 0 <= version <= _HIGHEST_VALUE_VERSION:
         raise CoordinatorRecordError(f"unknown transaction log value version {version}")
-    r = _Reader(data, flexible=version >= _FIRST_FLEXIBLE_VALUE_VERSION)
+    r = RecordReader(data, flexible=version >= _FIRST_FLEXIBLE_VALUE_VERSION)
     r.position = 2
     producer_id = r.int64()
     producer_epoch = r.int16()
     timeout_ms = r.int32()
-    state_id = r._take(1)[0]
+    state_id = r.int8()
     try:
         state = TransactionState(state_id)
     except ValueError:
