@@ -333,3 +333,20 @@ def test_a_live_segment_is_healthy(running_broker: BrokerProcess) -> None:
             assert offset_entries == [] and time_entries == []
         status, out, _ = run("--index-sanity-check", running_broker.data_dir / f"{name}-0")
         assert status == 0 and out.count("passed sanity check.") == 2
+
+
+def test_transaction_index(tmp_path: Path) -> None:
+    """A .txnindex in Kafka's layout (34-byte entries), as DumpLogSegments prints it; a torn one
+    is a problem."""
+    index = tmp_path / "00000000000000000100.txnindex"
+    entries = struct.pack(">hqqqq", 0, 7, 100, 105, 100) + struct.pack(">hqqqq", 0, 9, 103, 110, 106)
+    index.write_bytes(entries)
+    status, out, _ = run(index)
+    assert status == 0
+    assert out.splitlines()[1:] == [
+        "version: 0 producerId: 7 firstOffset: 100 lastOffset: 105 lastStableOffset: 100",
+        "version: 0 producerId: 9 firstOffset: 103 lastOffset: 110 lastStableOffset: 106",
+    ]
+    index.write_bytes(entries[:-1])
+    status, out, _ = run(index)
+    assert status == 1 and "is not a valid transaction index" in out

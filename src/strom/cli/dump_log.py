@@ -2,7 +2,8 @@
 
 Reads ``.log`` segments (every batch header; with ``--deep-iteration`` or ``--print-data-log``
 every record), ``.index`` and ``.timeindex`` files (their entries, each checked against the
-segment's batches) and producer-state ``.snapshot`` files. Files are opened read-only and read
+segment's batches), transaction indexes (``.txnindex``: a segment's aborted transactions) and
+producer-state ``.snapshot`` files. Files are opened read-only and read
 with plain reads, never through storage classes that create or resize files, so a running
 broker's directory can be dumped safely (the active segment's indexes may then end in unused,
 zero-filled slots, which are not entries: see ``_index_entries``).
@@ -29,6 +30,7 @@ from strom.storage.index import OffsetIndex, TimeIndex
 from strom.storage.local_log import CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX
 from strom.storage.log_segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from strom.storage.producer_state import SNAPSHOT_SUFFIX, read_snapshot
+from strom.storage.transaction_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 _OFFSET_ENTRY = struct.Struct(">ii")  # relative offset, position
 _TIME_ENTRY = struct.Struct(">qi")  # timestamp, relative offset
@@ -432,6 +434,29 @@ def dump_snapshot(path: Path, report: Report) -> None:
         )
 
 
+# --------------------------------------------------------------------------- transaction indexes
+
+
+def dump_txn_index(path: Path, report: Report) -> None:
+    """A segment's aborted transactions, as Kafka's DumpLogSegments prints a .txnindex."""
+    report.emit({"kind": "txn_index_start", "file": str(path)})
+    index = TransactionIndex(path, _base_offset(path), exists=True)
+    if index.damaged is not None:
+        report.problem({"kind": "invalid_txn_index", "file": str(path), "reason": str(index.damaged)})
+        return
+    for txn in index.all():
+        report.emit(
+            {
+                "kind": "aborted_txn",
+                "file": str(path),
+                "producer_id": txn.producer_id,
+                "first_offset": txn.first_offset,
+                "last_offset": txn.last_offset,
+                "last_stable_offset": txn.last_stable_offset,
+            }
+        )
+
+
 # --------------------------------------------------------------------------- text rendering
 
 
@@ -520,6 +545,12 @@ _TEXT: dict[str, Callable[[Event], str | None]] = {
     ),
     "index_summary": _index_summary_text,
     "snapshot_start": lambda e: f"Dumping {e['file']}",
+    "txn_index_start": lambda e: f"Dumping {e['file']}",
+    "invalid_txn_index": lambda e: f"{e['file']} is not a valid transaction index: {e['reason']}",
+    "aborted_txn": lambda e: (
+        f"version: 0 producerId: {e['producer_id']} firstOffset: {e['first_offset']} "
+        f"lastOffset: {e['last_offset']} lastStableOffset: {e['last_stable_offset']}"
+    ),
     "invalid_snapshot": lambda e: f"{e['file']} is not a valid producer snapshot: {e['reason']}",
     "producer_state": lambda e: (
         f"producerId: {e['producer_id']} producerEpoch: {e['producer_epoch']} "
@@ -537,7 +568,7 @@ def _kind(path: Path) -> str:
     name = path.name
     while name.endswith(_TRANSIENT_SUFFIXES):
         name = name.rsplit(".", 1)[0]
-    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, SNAPSHOT_SUFFIX):
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, SNAPSHOT_SUFFIX, TXN_INDEX_SUFFIX):
         if name.endswith(suffix):
             return suffix
     return ""
@@ -553,7 +584,7 @@ def _expand(paths: list[Path], errors: TextIO) -> Iterator[Path]:
             yield path
         else:
             print(
-                f"strom dump-log: skipping {path}: not a .log, .index, .timeindex or .snapshot file",
+                f"strom dump-log: skipping {path}: not a .log, .index, .timeindex, .txnindex or .snapshot file",
                 file=errors,
             )
 
@@ -577,6 +608,8 @@ def dump(paths: list[Path], opts: Options, out: TextIO, errors: TextIO, as_json:
                 dump_offset_index(path, opts, report)
             elif kind == TIME_INDEX_SUFFIX:
                 dump_time_index(path, opts, report)
+            elif kind == TXN_INDEX_SUFFIX:
+                dump_txn_index(path, report)
             else:
                 dump_snapshot(path, report)
         except BrokenPipeError:
