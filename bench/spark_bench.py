@@ -22,6 +22,15 @@ read tasks' workers, the stream reader's planner), shows where the time goes.
     .venv/bin/python bench/spark_bench.py [--records N] [--repeat R] [--profile strom,in-memory]
                                           [--no-profile] [--write-results]
 
+With --sink it measures the strom sink instead (issue 19): the same topic copied by a streaming
+query `readStream.format("strom") -> writeStream.format("strom")` into a fresh topic of as many
+partitions, at-least-once (`sink-alo`) and exactly-once (`sink-eos`, `exactlyOnce=true`: a
+transaction per task and micro-batch, the ledger read before each batch, the driver's EndTxns
+after it), micro-batches of --batch-records (maxOffsetsPerTrigger); warm-up, rounds and medians
+as above, no profile; its section of RESULTS.md is `spark-sink`.
+
+    .venv/bin/python bench/spark_bench.py --sink [--records N] [--batch-records M] [--write-results]
+
 Progress goes to stderr; the RESULTS.md section is printed to stdout at the end.
 """
 
@@ -58,6 +67,9 @@ SPARK_END = "<!-- spark:end -->"
 PY_SPY = REPO / ".venv" / "bin" / "py-spy"
 MASTER = "local[2]"
 VARIANTS = ("strom", "strom-tuples", "in-memory", "parquet")
+SINK_VARIANTS = ("sink-alo", "sink-eos")
+SINK_BEGIN = "<!-- spark-sink:begin -->"
+SINK_END = "<!-- spark-sink:end -->"
 # Rows per Arrow batch of the in-memory source: about what Strom's read yields (max.poll.records
 # 10,000 in whole record batches).
 ROWS_PER_BATCH = 10_000
@@ -150,13 +162,18 @@ def write_files(data: Dataset, parquet_dir: Path, arrow_dir: Path) -> None:
         write_partition(arrow_dir, partition, table, ROWS_PER_BATCH)
 
 
-def produce(data: Dataset, bootstrap: str, compression: str, timeout: float) -> float:
-    """Creates the topic and produces every row to it; returns the seconds the produce took."""
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     from strom.client.admin import AdminClient, NewTopic
-    from strom.client.producer import Producer
 
     with AdminClient({"bootstrap.servers": bootstrap}) as admin:
-        admin.create_topics([NewTopic(data.topic, num_partitions=len(data.bounds), replication_factor=1)])
+        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+
+
+def produce(data: Dataset, bootstrap: str, compression: str, timeout: float) -> float:
+    """Creates the topic and produces every row to it; returns the seconds the produce took."""
+    from strom.client.producer import Producer
+
+    create_topic(bootstrap, data.topic, len(data.bounds))
     producer = Producer({"bootstrap.servers": bootstrap, "compression.type": compression, **PRODUCER_CONFIG})
     try:
         producer.partitions_for(data.topic)
@@ -303,8 +320,10 @@ class Bench:
         run_dir: Path,
         timeout: float,
         quiet_wait: float,
+        batch_records: int | None = None,
     ):
         self.spark = spark
+        self.batch_records = batch_records  # the sink variants' maxOffsetsPerTrigger
         self.quiet_wait = quiet_wait
         self.run_dir = run_dir
         self.data = data
@@ -324,6 +343,16 @@ class Bench:
                 .option("subscribe", self.data.topic)
                 .option("startingOffsets", "earliest")
                 .load()
+            )
+        if variant in SINK_VARIANTS:
+            return (
+                reader.format("strom")
+                .option("kafka.bootstrap.servers", self.bootstrap)
+                .option("subscribe", self.data.topic)
+                .option("startingOffsets", "earliest")
+                .option("maxOffsetsPerTrigger", str(self.batch_records or self.data.records))
+                .load()
+                .select("key", "value")
             )
         if variant == "strom-tuples":
             return (
@@ -348,11 +377,19 @@ class Bench:
         checkpoint = self.work_dir / "checkpoints" / f"{variant}-{self.counter}"
         writer = (
             self.stream(variant)
-            .writeStream.format("noop")
+            .writeStream.format("strom" if variant in SINK_VARIANTS else "noop")
             .trigger(availableNow=True)
             .option("checkpointLocation", str(checkpoint))
             .queryName(f"bench_{variant.replace('-', '_')}_{self.counter}")
         )
+        if variant in SINK_VARIANTS:
+            sink = f"{self.data.topic}-{variant}-{self.counter}"
+            create_topic(self.bootstrap, sink, len(self.data.bounds))
+            writer = (
+                writer.option("kafka.bootstrap.servers", self.bootstrap)
+                .option("topic", sink)
+                .option("exactlyOnce", str(variant == "sink-eos").lower())
+            )
         self.wait_for_quiet()
         before = sample_cpu(self.broker_pid, self.exclude)
         started = time.perf_counter()
@@ -373,7 +410,7 @@ class Bench:
         for report in progress:
             for key, millis in report.durationMs.items():
                 durations[key] = durations.get(key, 0.0) + millis / 1000
-        if variant.startswith("strom"):
+        if variant.startswith("strom") or variant in SINK_VARIANTS:
             # Its last offsets' commit to the consumer group must not spill into the next run.
             register(self.spark).wait_for(query, 30)
         shutil.rmtree(checkpoint, ignore_errors=True)
@@ -846,6 +883,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write-results", action="store_true", help=f"replace or append the section in {RESULTS}"
     )
+    parser.add_argument(
+        "--sink", action="store_true", help="measure the strom sink, at-least-once against exactly-once"
+    )
+    parser.add_argument(
+        "--batch-records",
+        type=int,
+        default=100_000,
+        help="with --sink: records per micro-batch (maxOffsetsPerTrigger; default 100,000)",
+    )
     args = parser.parse_args(argv)
     if args.records < args.partitions or args.repeat < 1 or args.partitions < 1:
         parser.error("--records must be at least --partitions, --repeat and --partitions positive")
@@ -861,6 +907,8 @@ def main(argv: list[str] | None = None) -> int:
     machine.append(f"- Other Spark JVMs running at the start: {other_spark_jvms()}")
     for line in machine:
         log(line)
+    if args.sink:
+        return sink_main(args, started, machine)
     clock = time.monotonic()
     results: dict[str, list[Run]] = {variant: [] for variant in VARIANTS}
     profiles: list[Profile] = []
@@ -916,6 +964,80 @@ def main(argv: list[str] | None = None) -> int:
         benchlib.write_section("spark", section)
         log(f"wrote {RESULTS.relative_to(REPO)}")
     return 0
+
+
+def sink_main(args: argparse.Namespace, started: datetime.datetime, machine: list[str]) -> int:
+    """--sink: the strom sink at-least-once against exactly-once, on the same topic."""
+    clock = time.monotonic()
+    results: dict[str, list[Run]] = {variant: [] for variant in SINK_VARIANTS}
+    with workspace(started) as space:
+        log(f"{args.records:,} x {args.size} B in {args.partitions} partitions; output in {space.run_dir}")
+        data = make_dataset(args.records, args.partitions, args.size)
+        with benchlib.running_broker("strom", space.run_dir) as broker:
+            produce_seconds = produce(data, broker.bootstrap, args.compression, args.timeout)
+            log(f"produced to {data.topic} on {broker.bootstrap} in {produce_seconds:.1f} s")
+            spark = start_spark()
+            try:
+                bench = Bench(
+                    spark,
+                    data,
+                    broker.bootstrap,
+                    broker.pid,
+                    space.work_dir,
+                    space.run_dir,
+                    args.timeout,
+                    args.quiet_wait,
+                    batch_records=args.batch_records,
+                )
+                for variant in SINK_VARIANTS:
+                    report("warm-up", bench.run(variant))
+                for n in range(args.repeat):
+                    order = SINK_VARIANTS if n % 2 == 0 else SINK_VARIANTS[::-1]
+                    for variant in order:
+                        run = bench.run(variant)
+                        results[variant].append(run)
+                        report(f"round {n + 1}", run)
+            finally:
+                spark.stop()
+    section = render_sink(args, results, started, [*machine, load_at_end()], time.monotonic() - clock)
+    print(section)
+    if args.write_results:
+        benchlib.write_section("spark-sink", section)
+        log(f"wrote {RESULTS.relative_to(REPO)}")
+    return 0
+
+
+def render_sink(
+    args: argparse.Namespace,
+    results: dict[str, list[Run]],
+    started: datetime.datetime,
+    machine: list[str],
+    duration: float,
+) -> str:
+    alo, eos = (median(results[v], "rows_per_second") for v in SINK_VARIANTS)
+    lines = [
+        SINK_BEGIN,
+        "## Spark sink: exactly-once against at-least-once (bench/spark_bench.py --sink)",
+        "",
+        f"Run {started:%Y-%m-%d %H:%M} UTC, {duration / 60:.1f} min. {args.records:,} records of {args.size} B "
+        f"in {args.partitions} partitions copied by `readStream.format(\"strom\") -> writeStream.format(\"strom\")` "
+        f"(availableNow, maxOffsetsPerTrigger {args.batch_records:,}, {MASTER}) into a fresh topic; "
+        f"medians of {args.repeat} runs after a warm-up of each.",
+        "",
+        *machine,
+        "",
+        "| sink | rows/s | s | batches | addBatch s | JVM CPU s | Python CPU s | broker CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for variant in SINK_VARIANTS:
+        runs = results[variant]
+        lines.append(
+            f"| {variant} | {fmt(median(runs, 'rows_per_second'), 0)} | {median(runs, 'seconds'):.2f} | "
+            f"{runs[0].batches} | {median(runs, 'add_batch_seconds'):.2f} | {median(runs, 'jvm_cpu'):.2f} | "
+            f"{median(runs, 'python_cpu'):.2f} | {median(runs, 'broker_cpu'):.2f} |"
+        )
+    lines += ["", f"Exactly-once runs at {eos / alo:.0%} of at-least-once's rows/s (the aim: at least 80%).", SINK_END]
+    return "\n".join(lines)
 
 
 def start_spark() -> Any:

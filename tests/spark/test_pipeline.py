@@ -22,7 +22,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from brokerproc import BrokerProcess
-from spark.spark_util import create_topic, read_topic
+from spark.spark_util import create_topic, end_offsets, read_topic, topic_partitions
 from strom.cli.main import main
 from strom.cli.pipeline import default_checkpoint_dir
 from strom.client import AdminClient, OffsetSpec, Producer, TopicPartition
@@ -162,7 +162,10 @@ def test_once_runs_stages_in_order_and_status_shows_progress_and_lag(
     assert result.code == 0, result.err
     middle = status_json(strom, str(path), *where)
     assert middle["split"]["state"] == "stopped" and middle["split"]["lag"] == {"once.sentences": 0}
-    assert middle["shout"]["state"] == "not started" and middle["shout"]["lag"] == {"once.words": word_count}
+    # The split stage wrote exactly once: its words plus a COMMIT marker per partition and transaction.
+    words_end = sum(end_offsets(bootstrap, topic_partitions("once.words", 2)).values())
+    assert words_end > word_count
+    assert middle["shout"]["state"] == "not started" and middle["shout"]["lag"] == {"once.words": words_end}
 
     result = strom("pipeline", "run", str(path), "--once", *where)
     assert result.code == 0, result.err
@@ -178,6 +181,7 @@ def test_once_runs_stages_in_order_and_status_shows_progress_and_lag(
         assert stage["state"] == "stopped" and stage["error"] is None
         assert stage["lag"] == {source: 0}
         assert stage["group"] == f"strom-spark-once.{name}"
+        assert stage["delivery"] == "exactly-once"  # every sink is a Strom topic
         assert stage["batch"] >= 0
     assert after["shout"]["rows"] == word_count  # the second run read every word in one batch
 
@@ -187,6 +191,7 @@ def test_once_runs_stages_in_order_and_status_shows_progress_and_lag(
     assert rows["split"]["SOURCE"] == "once.sentences" and rows["split"]["LAG"] == "0"
     assert rows["shout"]["STATE"] == "stopped" and rows["shout"]["BATCH"] == str(after["shout"]["batch"])
     assert rows["shout"]["ROWS"] == str(word_count) and rows["shout"]["SINK"] == "once.shouted"
+    assert rows["shout"]["DELIVERY"] == "exactly-once"
 
     with AdminClient({"bootstrap.servers": bootstrap}) as admin:
         committed = admin.list_consumer_group_offsets("strom-spark-once.shout")

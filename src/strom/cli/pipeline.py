@@ -86,6 +86,12 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         metavar="INTERVAL",
         help="micro-batch interval of stages that set none (default '1 second')",
     )
+    run.add_argument(
+        "--at-least-once",
+        action="store_true",
+        help="write the stages' output at least once, without transactions (default: exactly once, "
+        "unless a stage's sink_options set exactlyOnce=false)",
+    )
     run.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
     run.add_argument(
         "--conf",
@@ -103,8 +109,9 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         help="show each stage's state, last batch and lag",
         description="Show each stage of the pipeline FILE: its state (running only while the runner's "
         "process lives), its last micro-batch, the rows it read and the rows per second it "
-        "processed, and for each source topic its lag: the records its consumer group has not "
-        "committed yet. Works whether or not the pipeline runs.",
+        "processed, for each source topic its lag (the records its consumer group has not "
+        "committed yet), and whether its sink writes exactly once or at least once. Works whether "
+        "or not the pipeline runs.",
     )
     status.add_argument("file", type=Path, help="the pipeline file (defines `pipeline`)")
     _add_checkpoint_options(status)
@@ -192,6 +199,7 @@ def _run(args: argparse.Namespace) -> int:
             stages=args.stage,
             trigger=args.trigger,
             on_progress=progress.show if progress is not None else None,
+            exactly_once=not args.at_least_once,
         )
         with _stop_on_signals() as stop:
             if args.once:
@@ -266,10 +274,11 @@ def _status(args: argparse.Namespace) -> int:
         # One row per source topic; the stage's own cells only on its first.
         for index, (topic, lag) in enumerate(lags.items()):
             cells = first if index == 0 else ("",) * len(first)
-            tail = (report.sink, report.updated) if index == 0 else ("", "")
+            tail = (report.sink, report.delivery, report.updated) if index == 0 else ("", "", "")
             rows.append((*cells, topic, "?" if report.lag_error else lag, *tail))
     print_table(
-        ("STAGE", "STATE", "PID", "BATCH", "ROWS", "ROWS/S", "SOURCE", "LAG", "SINK", "UPDATED"), rows
+        ("STAGE", "STATE", "PID", "BATCH", "ROWS", "ROWS/S", "SOURCE", "LAG", "SINK", "DELIVERY", "UPDATED"),
+        rows,
     )
     errors = [(r.stage, r.error) for r in reports if r.error] + [
         (r.stage, f"lag unknown: {r.lag_error}") for r in reports if r.lag_error

@@ -29,6 +29,9 @@ KAFKA_PREFIX = "kafka."
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 DEFAULT_GROUP_PREFIX = "strom-spark"
+DEFAULT_LEDGER_TOPIC = "strom-spark-ledger"
+# The broker's default transaction.max.timeout.ms: the longest a micro-batch's transactions may stay open.
+DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000
 
 _CONSUMER_KEYS = {key.name for key in CONSUMER}
 _ADMIN_KEYS = {key.name for key in ADMIN}
@@ -63,6 +66,10 @@ _SINK_MANAGED = {
         "binary column"
     ),
     "interceptor.classes": "producer interceptors would see the raw byte records Spark writes, not rows",
+    "transactional.id": (
+        "with exactlyOnce=true each task's transactional id is derived from the query id and the task's "
+        "partition (strom-spark-<query id>-<partition>), so that a retried task fences the attempt before it"
+    ),
 }
 
 _TIMESTAMP_STRATEGIES = ("error", "latest")
@@ -120,9 +127,20 @@ class SinkOptions:
     bootstrap_servers: str
     topic: str | None
     producer_config: dict[str, str] = field(default_factory=dict)
+    exactly_once: bool = False
+    ledger_topic: str = DEFAULT_LEDGER_TOPIC
+    checkpoint_location: str | None = None  # Spark's own option, where an exactly-once sink finds the query id
 
     def client_config(self) -> dict[str, str]:
         return {"bootstrap.servers": self.bootstrap_servers, **self.producer_config}
+
+    def transactional_config(self, transactional_id: str) -> dict[str, str]:
+        """A task's transactional producer: the sink's default timeout unless kafka.transaction.timeout.ms."""
+        return {
+            "transaction.timeout.ms": str(DEFAULT_TRANSACTION_TIMEOUT_MS),
+            **self.client_config(),
+            "transactional.id": transactional_id,
+        }
 
 
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -206,7 +224,17 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     topic = opts.get("topic")
     if topic is not None and not topic.strip():
         raise OptionError("option 'topic' is empty")
-    return SinkOptions(bootstrap_servers=bootstrap, topic=topic, producer_config=params)
+    ledger_topic = opts.get("exactlyonceledgertopic", DEFAULT_LEDGER_TOPIC).strip()
+    if not ledger_topic:
+        raise OptionError("option 'exactlyOnceLedgerTopic' is empty")
+    return SinkOptions(
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        producer_config=params,
+        exactly_once=_boolean(opts, "exactlyonce", "exactlyOnce", False),
+        ledger_topic=ledger_topic,
+        checkpoint_location=opts.get("checkpointlocation"),
+    )
 
 
 def _kafka_params(opts: Mapping[str, str], role: str) -> tuple[str, dict[str, str]]:

@@ -20,6 +20,9 @@ DataFrame it returns (a ``value`` column, optionally ``key``, ``headers``, ``par
 its sink topic, with its checkpoint in ``<checkpoint dir>/<pipeline>/<stage>``. Its finished
 micro-batches are committed to the consumer group ``strom-spark-<pipeline>.<stage>`` (or the
 stage's ``kafka.group.id``), so lag shows in ``strom groups describe`` and ``pipeline_status``.
+Every sink of a pipeline is a Strom topic, so stages write exactly once (the sink's
+``exactlyOnce``, ``strom.spark.writer``) unless the runner is told otherwise or a stage's
+``sink_options`` set ``exactlyOnce`` to false.
 
 ``PipelineRunner`` runs the stages of a pipeline in a SparkSession: all at once until told
 to stop, or each once to the end of what its sources hold (``availableNow``), in order, so a
@@ -67,6 +70,7 @@ from strom.spark.source import SOURCE_NAME
 log = logging.getLogger("strom.pipeline")
 
 STATUS_FILE = "strom-status.json"
+EXACTLY_ONCE, AT_LEAST_ONCE = "exactly-once", "at-least-once"
 DEFAULT_TRIGGER = "1 second"
 OUTPUT_MODES = ("append", "update", "complete")
 # Stage and pipeline names become query names, group ids and folder names.
@@ -97,15 +101,32 @@ class Stage:
     sink_options: Mapping[str, str] = field(default_factory=dict)
 
     def reader_options(self, bootstrap: str) -> dict[str, str]:
-        """The strom source's options: new queries start at the earliest offset."""
-        options = {"kafka.bootstrap.servers": bootstrap, "startingOffsets": "earliest"}
+        """The strom source's options: new queries start at the earliest offset, and read only
+        committed records (a stage's source is often an exactly-once stage's sink, whose aborted
+        attempts are in the log)."""
+        options = {
+            "kafka.bootstrap.servers": bootstrap,
+            "startingOffsets": "earliest",
+            "kafka.isolation.level": "read_committed",
+        }
         if self.topics:
             options["subscribe"] = ",".join(self.topics)
         options.update(self.source_options)
         return options
 
-    def writer_options(self, bootstrap: str) -> dict[str, str]:
-        return {"kafka.bootstrap.servers": bootstrap, "topic": self.sink, **self.sink_options}
+    def writer_options(self, bootstrap: str, exactly_once: bool = True) -> dict[str, str]:
+        """The strom sink's options: exactly-once by default (``exactly_once``) unless the stage says."""
+        return {
+            "kafka.bootstrap.servers": bootstrap,
+            "topic": self.sink,
+            "exactlyOnce": str(exactly_once).lower(),
+            **self.sink_options,
+        }
+
+    def delivery(self, exactly_once: bool = True) -> str:
+        """``exactly-once`` or ``at-least-once``: what the stage's sink gives."""
+        eos = parse_sink_options(self.writer_options("-", exactly_once)).exactly_once
+        return EXACTLY_ONCE if eos else AT_LEAST_ONCE
 
 
 class Pipeline:
@@ -325,7 +346,7 @@ def read_status_file(path: Path) -> dict[str, Any] | None:
 class StageStatus:
     """What a stage's status file says, kept up to date while the runner runs it."""
 
-    def __init__(self, pipeline: Pipeline, stage: Stage, checkpoint: Path) -> None:
+    def __init__(self, pipeline: Pipeline, stage: Stage, checkpoint: Path, delivery: str) -> None:
         self.path = checkpoint / STATUS_FILE
         # A restarted stage keeps showing its last batch until it finishes a new one.
         previous = read_status_file(self.path) or {}
@@ -346,6 +367,7 @@ class StageStatus:
             stage=stage.name,
             query=pipeline.query_name(stage),
             sink=stage.sink,
+            delivery=delivery,
             group=group_id(pipeline, stage),
             checkpoint=str(checkpoint),
             pid=os.getpid(),
@@ -418,8 +440,10 @@ class PipelineRunner:
         trigger: str = DEFAULT_TRIGGER,
         commit_timeout: float = 60.0,
         on_progress: ProgressCallback | None = None,
+        exactly_once: bool = True,
     ) -> None:
         self.pipeline = pipeline
+        self.exactly_once = exactly_once
         self.spark = spark
         self.bootstrap = bootstrap
         self.checkpoint_dir = checkpoint_dir
@@ -466,14 +490,14 @@ class PipelineRunner:
             .outputMode(stage.output_mode)
             .option("checkpointLocation", str(checkpoint))
         )
-        for key, value in stage.writer_options(self.bootstrap).items():
+        for key, value in stage.writer_options(self.bootstrap, self.exactly_once).items():
             writer = writer.option(key, value)
         writer = (
             writer.trigger(availableNow=True)
             if once
             else writer.trigger(processingTime=stage.trigger or self.trigger)
         )
-        status = StageStatus(self.pipeline, stage, checkpoint)
+        status = StageStatus(self.pipeline, stage, checkpoint, stage.delivery(self.exactly_once))
         try:
             query = writer.start()
         except Exception as error:
@@ -588,6 +612,7 @@ class StageReport:
     state: str
     sink: str
     group: str
+    delivery: str = EXACTLY_ONCE
     pid: int | None = None
     batch: int | None = None
     rows: int | None = None
@@ -661,6 +686,8 @@ def _report(pipeline: Pipeline, stage: Stage, checkpoint: Path) -> StageReport:
         state=state,
         sink=stage.sink,
         group=group_id(pipeline, stage),
+        # As the last run wrote it; a stage never run shows what a run gives by default.
+        delivery=str(data.get("delivery") or stage.delivery()),
         pid=pid if isinstance(pid, int) else None,
         batch=batch,
         rows=data.get("numInputRows"),

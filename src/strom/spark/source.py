@@ -38,7 +38,13 @@ class StromDataSource(DataSource):
         return StromStreamReader(parse_source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return StromBatchWriter(self._sink_options(schema, overwrite))
+        options = self._sink_options(schema, overwrite)
+        if options.exactly_once:
+            raise OptionError(
+                "option 'exactlyOnce' is for streaming writes: a batch write has no micro-batch for Spark "
+                "to commit once, and a failed job's retried tasks write again"
+            )
+        return StromBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return StromStreamWriter(self._sink_options(schema, overwrite))

@@ -258,11 +258,11 @@ class _ProducerCore:
     def timeout_or_max_block(self, timeout: float | None) -> float:
         return self.max_block if timeout is None else timeout
 
-    async def close(self, timeout: float | None) -> None:
+    async def close(self, timeout: float | None, abort_open_transaction: bool = True) -> None:
         self.closed = True
         transactions = self.transactions
         if transactions is not None:
-            if transactions.has_ongoing_transaction and (timeout is None or timeout > 0):
+            if abort_open_transaction and transactions.has_ongoing_transaction and (timeout is None or timeout > 0):
                 # As Java's producer does: a transaction left open is aborted, not left to time out.
                 started = time.monotonic()
                 try:
@@ -462,8 +462,20 @@ class Producer:
             state = self._wait_on_metadata(topic, None)
         return self._core.partitions_of(state)
 
-    def close(self, timeout: float | None = None) -> None:
-        """Send what is queued (within ``timeout`` s), then stop; ``close(0)`` fails pending records."""
+    def producer_id_and_epoch(self) -> tuple[int, int]:
+        """The producer id and epoch of a transactional producer (-1, -1 before init_transactions):
+        with the transactional id, what EndTxn must name to end its transaction from elsewhere
+        (``strom.client.producer.end_transactions``)."""
+        manager = self._core.transaction_manager()
+        return manager.producer_id, manager.producer_epoch
+
+    def close(self, timeout: float | None = None, *, abort_open_transaction: bool = True) -> None:
+        """Send what is queued (within ``timeout`` s), then stop; ``close(0)`` fails pending records.
+
+        A transaction still open is aborted first, as Java's producer does, unless
+        ``abort_open_transaction`` is False: then it stays open, its records sent, for another
+        process to end with EndTxn (or for its coordinator to abort at ``transaction.timeout.ms``).
+        """
         with self._close_lock:
             if self._closed:
                 return
@@ -473,7 +485,7 @@ class Producer:
             self._close_task = asyncio.ensure_future(self._close_from_callback())
             return
         try:
-            self._thread.run(self._core.close(timeout))
+            self._thread.run(self._core.close(timeout, abort_open_transaction))
         finally:
             self._thread.stop()
 
