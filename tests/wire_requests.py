@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import io
 import random
 import struct
 import uuid
 from collections.abc import Callable, Mapping
 from types import NoneType, UnionType
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from kio.serial import entity_writer
 from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveTupleField, classify_field
@@ -89,8 +90,24 @@ def sample_entity(entity_type: type[Any], rng: random.Random, vocabulary: Vocabu
             )
         else:
             assert isinstance(kafka_type, str)
-            values[field.name] = word(rng) if word else _primitive(kafka_type, rng)
+            value = word(rng) if word else None
+            if value is None and not _nullable(entity_type, field.name):
+                # A vocabulary's None (a Produce without a transactional id, say) only where the
+                # field may be null: elsewhere the same name is a required string.
+                value = _primitive(kafka_type, rng)
+            values[field.name] = value
     return entity_type(**values)
+
+
+@functools.cache
+def _nullable_fields(entity_type: type[Any]) -> frozenset[str]:
+    return frozenset(
+        name for name, annotation in get_type_hints(entity_type).items() if _is_union_with_none(annotation)
+    )
+
+
+def _nullable(entity_type: type[Any], name: str) -> bool:
+    return name in _nullable_fields(entity_type)
 
 
 def sample_request(
