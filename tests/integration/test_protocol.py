@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import struct
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -12,6 +13,7 @@ from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersions
 from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsRequestV3
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v13 import request as fetch13
+from kio.schema.find_coordinator.v3.request import FindCoordinatorRequest
 from kio.schema.init_producer_id.v0.request import InitProducerIdRequest
 from kio.schema.produce.v9 import request as produce9
 from kio.schema.produce.v13 import request as produce13
@@ -175,11 +177,29 @@ def test_unknown_topic_id_gets_unknown_topic_id(wire: KafkaWire) -> None:
     assert fetched.responses[0].partitions[0].error_code == ErrorCode.unknown_topic_id
 
 
-def test_init_producer_id_with_transactional_id_fails_fast(wire: KafkaWire) -> None:
-    response = wire.request(
-        InitProducerIdRequest(transactional_id="txn", transaction_timeout=datetime.timedelta(seconds=10))
+def test_init_producer_id_with_transactional_id_needs_its_coordinator(wire: KafkaWire) -> None:
+    """Before FindCoordinator has created the transaction log nobody coordinates the id
+    (NOT_COORDINATOR, retriable); then the id gets a producer id at epoch 0, and the next call
+    the same producer id at epoch 1 (fencing the first)."""
+    transactional_id = f"txn-{uuid.uuid4().hex[:8]}"
+    request = InitProducerIdRequest(
+        transactional_id=transactional_id, transaction_timeout=datetime.timedelta(seconds=10)
     )
-    assert response.error_code == ErrorCode.transactional_id_authorization_failed
+    first = wire.request(request)
+    if first.error_code == ErrorCode.not_coordinator:
+        found = wire.request(FindCoordinatorRequest(key=transactional_id, key_type=1))
+        assert found.error_code == ErrorCode.none
+        deadline = time.monotonic() + 10
+        while (first := wire.request(request)).error_code != ErrorCode.none and time.monotonic() < deadline:
+            assert first.error_code in (ErrorCode.not_coordinator, ErrorCode.coordinator_load_in_progress)
+            time.sleep(0.05)
+    assert (first.error_code, first.producer_epoch) == (ErrorCode.none, 0)
+    second = wire.request(request)
+    assert (second.error_code, second.producer_id, second.producer_epoch) == (
+        ErrorCode.none,
+        first.producer_id,
+        1,
+    )
 
 
 def test_idempotent_producer_ids_are_distinct(wire: KafkaWire) -> None:
