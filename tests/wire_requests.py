@@ -90,7 +90,7 @@ def sample_entity(entity_type: type[Any], rng: random.Random, vocabulary: Vocabu
             )
         else:
             assert isinstance(kafka_type, str)
-            value = word(rng) if word else None
+            value = word(rng) if word else _primitive(kafka_type, rng)
             if value is None and not _nullable(entity_type, field.name):
                 # A vocabulary's None (a Produce without a transactional id, say) only where the
                 # field may be null: elsewhere the same name is a required string.
