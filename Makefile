@@ -9,7 +9,7 @@ BROKER_INSTALLED := $(VENV)/.installed-broker
 # The record scanner is a C extension (setup.py): the editable install compiles it in place
 # (gcc and the Python headers), again whenever its source changes.
 BUILD_INPUTS := pyproject.toml setup.py src/strom/records/_scanner.c
-APT_PACKAGES := kcat e2fsprogs zookeeper  # e2fsprogs: mkfs.ext4 for the full-disk test; zookeeper: cluster tests
+APT_PACKAGES := kcat e2fsprogs zookeeper chromium  # e2fsprogs: mkfs.ext4 for the full-disk test; zookeeper: cluster tests; chromium: the console's browser tests
 
 .PHONY: run cluster test lint bench demo system-deps clean
 
