@@ -18,6 +18,7 @@ from strom import __version__
 from strom.cli import (
     cluster,
     configs,
+    console,
     consume,
     delete_records,
     dump_log,
@@ -54,6 +55,7 @@ COMMANDS = (
     perf,
     dump_log,
     pipeline,
+    console,
 )
 # Commands that take connection options yet work without a cluster: `pipeline status` reports an
 # unreachable cluster in its table, beside the checkpoints it can still read.
