@@ -7,6 +7,7 @@ import struct
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
@@ -15,6 +16,8 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v13 import request as fetch13
 from kio.schema.find_coordinator.v3.request import FindCoordinatorRequest
 from kio.schema.init_producer_id.v0.request import InitProducerIdRequest
+from kio.schema.metadata.v10 import request as metadata10
+from kio.schema.metadata.v12 import request as metadata12
 from kio.schema.produce.v9 import request as produce9
 from kio.schema.produce.v13 import request as produce13
 
@@ -141,6 +144,23 @@ def test_topic_ids_in_metadata_produce_v13_and_fetch_v13(wire: KafkaWire) -> Non
     assert fetched.responses[0].topic_id == topic.topic_id
     assert data.error_code == ErrorCode.none and data.high_watermark == 1
     assert decode_batches(data.records)[0].records[0].value == b"addressed by topic id"
+
+
+@pytest.mark.parametrize("module", [metadata10, metadata12], ids=["v10", "v12"])
+def test_metadata_topic_without_name_or_id_is_invalid_request(wire: KafkaWire, module: Any) -> None:
+    """A null name is allowed in the request from v10, in the response only from v12: the answer
+    must still be encodable, and the connection keeps serving."""
+    request = module.MetadataRequest(
+        topics=(module.MetadataRequestTopic(topic_id=ZERO_UUID, name=None),),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+        **({"include_cluster_authorized_operations": False} if module is metadata10 else {}),
+    )
+    response = wire.request(request)
+    (topic,) = response.topics
+    assert topic.error_code == ErrorCode.invalid_request
+    assert topic.name == (None if module is metadata12 else "")
+    assert wire.metadata("after-unnamed").topics[0].error_code == ErrorCode.none
 
 
 def fetch_request(topic_id: uuid.UUID, offset: int) -> object:

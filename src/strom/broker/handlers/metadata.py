@@ -130,7 +130,11 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 )
                 continue
             if name is None:
-                await topics.add(_error_topic(ctx, ErrorCode.invalid_request, None, None))
+                # Neither a name nor an id. The answer's name is nullable only from v12, as the
+                # request's is from v10: v10 and v11 are answered with an empty name, not a null
+                # that the response cannot encode.
+                unnamed = None if ctx.version >= 12 else ""
+                await topics.add(_error_topic(ctx, ErrorCode.invalid_request, unnamed, None))
                 continue
             topic = image.topic(name)
             if topic is None:
