@@ -48,7 +48,7 @@ lint: $(INSTALLED)
 
 test: $(INSTALLED) system-deps lint
 	bash tests/conformance/build_librdkafka.sh
-	$(VENV)/bin/pytest -q -ra
+	$(VENV)/bin/pytest -q -ra --durations=25  # the slowest tests, to keep CI fast
 
 bench: $(INSTALLED)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,spark,bench]'  # py-spy profiles the clients
