@@ -676,6 +676,153 @@ def test_consume_unknown_topic(strom: Strom, admin: AdminClient) -> None:
     assert name not in admin.list_topics()
 
 
+# -- Kafka's and kcat's spellings ------------------------------------------------------------
+
+
+def test_kafka_topics_spelling(strom: Strom, admin: AdminClient) -> None:
+    """kafka-topics' --create/--list/--describe/--alter/--delete, wherever they stand among the options."""
+    name = unique("cli-kafka-topics")
+    created = strom("topics", "--create", "--topic", name, "--partitions", "2", "--replication-factor", "1")
+    assert created == Result(0, f"Created topic {name}.\n", "")
+    assert strom("topics", "--topic", name, "--create", "--if-not-exists").code == 0
+    assert name in strom("topics", "--list").out.splitlines()
+    assert strom("topics", "--alter", "--topic", name, "--partitions", "3").code == 0
+    described = strom("topics", "--describe", "--topic", name)
+    assert described.out.startswith(f"Topic: {name}\t") and "PartitionCount: 3" in described.out
+    assert strom("topics", "--delete", "--topic", name).out == f"Deleted topic {name}.\n"
+    assert name not in admin.list_topics()
+    assert_one_line_error(
+        strom("topics", "--create", "--list", "--topic", name),
+        "strom topics: error: argument --list: not allowed with argument --create",
+        code=2,
+    )
+
+
+def test_kafka_spelling_leaves_strom_spelling_alone() -> None:
+    from strom.cli.topics import kafka_spelling
+
+    assert kafka_spelling(["--log-level", "DEBUG", "topics", "--bootstrap-server", "b:9092", "--list"]) == [
+        "--log-level", "DEBUG", "topics", "--list", "list", "--bootstrap-server", "b:9092",
+    ]  # fmt: skip
+    for argv in (["topics", "create", "--delete"], ["consume", "topics", "--list"], ["topics", "list"]):
+        assert kafka_spelling(argv) == argv
+
+
+def test_console_producer_properties(strom: Strom, admin: AdminClient, bootstrap: str) -> None:
+    name = unique("cli-parse-key")
+    admin.create_topics([NewTopic(name, 1, 1)])
+    keyed = strom(
+        "produce", "--topic", name, "--property", "parse.key=true", "--property", "key.separator=:",
+        "--broker-list", bootstrap, stdin=b"alice:created\nno separator\n", connect=False,
+    )  # fmt: skip
+    assert keyed == Result(0, "", "")
+    tabbed = strom("produce", name, "--property", "parse.key=true", stdin=b"bob\tpaid: twice\n")
+    assert tabbed.code == 0, tabbed
+    with_headers = strom(
+        "produce", name, *("--property", "parse.headers=true", "--property", "parse.key=true"),
+        *("--property", "null.marker=<null>"),
+        stdin=b"source:web,trace:<null>\tcarol\tshipped\n\t<null>\tno headers\n",
+    )  # fmt: skip
+    assert with_headers.code == 0, with_headers
+    assert [(k, v, h) for k, v, h, _ in stored(bootstrap, name, 0)] == [
+        (b"alice", b"created", []),
+        (None, b"no separator", []),
+        (b"bob", b"paid: twice", []),
+        (b"carol", b"shipped", [("source", b"web"), ("trace", None)]),
+        (None, b"no headers", []),
+    ]
+    assert_one_line_error(
+        strom("produce", name, "--property", "parse.key=yes", stdin=b"x\n"),
+        "--property parse.key: expected true or false, got 'yes'",
+        code=2,
+    )
+
+
+def test_console_consumer_properties(strom: Strom, filled_topic: str) -> None:
+    shown = strom(
+        "consume", filled_topic, "--partition", "1", "--from-beginning", "-e",
+        *("--property", "print.key=true", "--property", "print.offset=true", "--property", "print.partition=true"),
+        *("--property", "print.headers=true", "--property", "key.separator= | "),
+    )  # fmt: skip
+    assert shown.out == (
+        "Partition:1 | Offset:0 | h:3 | k3 | value 3\nPartition:1 | Offset:1 | h:4 | k4 | value 4\n"
+    ), shown
+    stamped = strom(
+        "consume", filled_topic, "--partition", "0", "--offset", "2", "-e",
+        *("--property", "print.timestamp=true", "--property", "print.value=false"),
+    )  # fmt: skip
+    assert re.fullmatch(r"CreateTime:\d{13}\n", stamped.out), stamped
+    assert_one_line_error(
+        strom("consume", filled_topic, "--property", "print.kye=true"),
+        "print.kye: not a config of this command's consumer nor one of its --property keys (print.timestamp,",
+        "did you mean print.key?",
+        code=2,
+    )
+    assert_one_line_error(
+        strom("consume", filled_topic, "--property", "print.key=true", "--json"),
+        "--property print.key formats the output as --format, -K and --json do: give one",
+        code=2,
+    )
+
+
+def test_kcat_flags(strom: Strom, filled_topic: str, bootstrap: str) -> None:
+    def kcat(*argv: str) -> Result:
+        return strom("consume", "-b", bootstrap, "-t", filled_topic, *argv, connect=False)
+
+    assert kcat("-p", "0", "-o", "beginning", "-e", "-f", "%p/%o %k=%s %S\\x21\\n").out == "".join(
+        f"0/{o} k{o}=value {o} 7!\n" for o in range(3)
+    )
+    assert kcat("-p", "0", "-o", "1", "-c", "1").out == "value 1\n"
+    assert kcat("-p", "0", "-o", "-1", "-e", "-K", "::").out == "k2::value 2\n"
+    assert kcat("-p", "1", "-o", "beginning", "-c", "1", "-f", "%R%s").out == "\x00\x00\x00\x07value 3"
+    assert kcat("-p", "1", "-o", f"s@{int(time.time() * 1000) - 60_000}", "-e").out == "value 3\nvalue 4\n"
+    assert kcat("-o", "end", "-e") == Result(0, "", "")
+    produced = strom(
+        "produce",
+        "-b",
+        bootstrap,
+        "-t",
+        filled_topic,
+        "-p",
+        "1",
+        "-K",
+        "=",
+        stdin=b"k5=value 5\n",
+        connect=False,
+    )
+    assert produced.code == 0, produced
+    assert kcat("-p", "1", "-o", "-1", "-e", "-f", "%k %s\\n").out == "k5 value 5\n"
+    assert_one_line_error(
+        kcat("-o", "begining"), "argument -o: expected beginning, end, N, -N or s@MS", code=2
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["consume", "t", "--from-begining"], "unrecognized arguments: --from-begining (did you mean --from-beginning?)"),
+        (["produce", "t", "--key-seperator=:"], "unrecognized arguments: --key-seperator=: (did you mean --key-separator?)"),
+        (["topics", "create", "t", "--partitons", "3"], "unrecognized arguments: --partitons 3 (did you mean --partitions?)"),
+        (["cluster", "up", "--brokerz", "3"], "unrecognized arguments: --brokerz 3 (did you mean --brokers?)"),
+        (["consume", "t", "--nonsense"], "unrecognized arguments: --nonsense (see --help)"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_option_names_the_one_taken(strom: Strom, argv: list[str], fragment: str) -> None:
+    result = strom(*argv, connect=False)
+    assert_one_line_error(
+        result,
+        f"strom {' '.join(argv[: 2 if argv[0] in ('topics', 'cluster') else 1])}: error: ",
+        fragment,
+        code=2,
+    )
+
+
+def test_abbreviations_still_work(strom: Strom) -> None:
+    """argparse's unique prefixes (allow_abbrev) are kept: --no-api-version is --no-api-versions."""
+    result = strom("cluster", "--no-api-version", "--json")
+    assert result.code == 0 and "api_versions" not in result.out, result
+
+
 # -- the real console script -----------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -238,8 +239,19 @@ def test_a_running_pipeline_shows_in_status_and_stops_on_sigterm(
         assert rows["split"]["STATE"] == "running" and rows["split"]["PID"] == str(process.pid)
 
         process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=60)
+        out, err = process.communicate(timeout=60)
         assert process.returncode == 0, err[-3000:]
+        # What it ran, said before Spark started; Spark's own output in its log, not on the terminal.
+        plan = [re.split(r"\s{2,}", line) for line in out.split("\nBrokers:")[0].splitlines()[1:]]
+        assert plan == [
+            ["STAGE", "SOURCE", "SINK", "DELIVERY", "TRIGGER", "GROUP"],
+            ["split", "live.sentences", "live.words", "exactly-once", "200 milliseconds", "strom-spark-live.split"],
+            ["shout", "live.words", "live.shouted", "exactly-once", "200 milliseconds", "strom-spark-live.shout"],
+        ]
+        assert f"Checkpoints: {tmp_path / 'checkpoints' / 'live'}\n" in out
+        assert re.search(r"^Spark UI: http://\S+:\d+$", out, re.MULTILINE), out
+        assert err == "", err[-3000:]
+        assert (tmp_path / "checkpoints" / "live" / "spark.log").stat().st_size > 0
     finally:
         if process.poll() is None:
             process.kill()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import difflib
 import os
 import re
 import socket
@@ -58,6 +59,10 @@ class ArgumentParser(argparse.ArgumentParser):
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            # Refused here, by the innermost parser that saw them, so that the error names that
+            # command and the options it does take (argparse would refuse them at the top, as `strom`).
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggestion(extras)}")
         for dest, names in self.required_either:
             if getattr(parsed, dest, None) in (None, []):
                 self.error(f"the following arguments are required: {names}")
@@ -65,6 +70,16 @@ class ArgumentParser(argparse.ArgumentParser):
         if getattr(parsed, "command_prog", None) is None:
             parsed.command_prog = self.prog
         return parsed, extras
+
+    def _suggestion(self, extras: Sequence[str]) -> str:
+        """`` (did you mean --from-beginning?)`` for the first unknown option close to one taken."""
+        for word in extras:
+            if word.startswith("-"):
+                option = word.split("=", 1)[0]
+                close = difflib.get_close_matches(option, list(self._option_string_actions), n=1, cutoff=0.7)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
 
 
 class _EitherSpelling(argparse.Action):
@@ -102,9 +117,10 @@ def add_either(
     help: str,
     many: bool = False,
     required: bool = True,
+    short: str | None = None,
 ) -> None:
     """A positional ``name`` (``many``: one or more, stored as ``names``) that ``--name`` may give
-    instead, as Kafka's tools take ``--topic`` and ``--group``."""
+    instead, as Kafka's tools take ``--topic`` and ``--group`` (and ``short``, such as kcat's ``-t``)."""
     dest = f"{name}s" if many else name
     metavar = name.upper()
     option = f"--{name}"
@@ -113,6 +129,7 @@ def add_either(
     )
     parser.add_argument(
         option,
+        *([short] if short else []),
         dest=dest,
         action=_EitherSpelling,
         many=many,
@@ -170,6 +187,15 @@ def key_value(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def property_pair(text: str) -> tuple[str, str]:
+    """``key=value`` of --property: the value as given, since a separator may be a space or a tab
+    (client configs' values are stripped where they are read)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key.strip(), value
+
+
 def non_negative_int(text: str) -> int:
     value = _int(text)
     if value < 0:
@@ -202,10 +228,13 @@ PROFILE_HELP = (
 )
 
 
-def add_connection_options(parser: argparse.ArgumentParser) -> None:
+def add_connection_options(parser: argparse.ArgumentParser, bootstrap_aliases: Sequence[str] = ()) -> None:
+    """``bootstrap_aliases``: other spellings of --bootstrap-server, such as kcat's ``-b``."""
     group = parser.add_argument_group("connection", PROFILE_HELP)
     group.add_argument(
         "--bootstrap-server",
+        *bootstrap_aliases,
+        dest="bootstrap_server",
         metavar="HOST:PORT[,...]",
         help=f"broker(s) to connect to first (default: see above, finally {DEFAULT_BOOTSTRAP})",
     )
@@ -220,7 +249,7 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         "--property",
         action="append",
         default=[],
-        type=key_value,
+        type=property_pair,
         metavar="KEY=VALUE",
         help="a client config, overriding --command-config (repeatable); "
         "timeouts default to 15 s (default.api.timeout.ms, max.block.ms)",
@@ -267,17 +296,25 @@ def client_config(
     defaults: Mapping[str, str] | None = None,
     *,
     kind: str = "client",
+    formatter: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The configs for one client: command defaults, then the profile, then --command-config, then
     --property; bootstrap.servers as bootstrap_servers() finds it. A key this client does not know
     is an error in --command-config and --property, as in Kafka's tools; a profile serves every
-    command, so there such keys are ignored."""
+    command, so there such keys are ignored. ``formatter``: the --property keys the command itself
+    takes (print.key=true, ...), which are not the client's; the error for an unknown key names them."""
     known = {key.name for key in definitions}
     profile = read_profile(getattr(args, "profile", None))
-    given = _given(args)
+    given = {k: v for k, v in _given(args).items() if k not in (formatter or {})}
     unknown = sorted(set(given) - known)
     if unknown:
-        raise CliError(f"{', '.join(unknown)}: not a config of this command's {kind}", exit_code=2)
+        message = f"{', '.join(unknown)}: not a config of this command's {kind}"
+        if formatter:
+            message += f" nor one of its --property keys ({', '.join(formatter)})"
+        close = difflib.get_close_matches(unknown[0], [*known, *(formatter or {})], n=1)
+        if close:
+            message += f"; did you mean {close[0]}?"
+        raise CliError(message, exit_code=2)
     config = {k: v for k, v in {**CLI_TIMEOUTS, **(defaults or {})}.items() if k in known}
     config.update({k: v for k, v in profile.items() if k in known})
     config.update(given)
@@ -289,7 +326,7 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
     given: dict[str, str] = {}
     if args.command_config is not None:
         given.update(read_properties(args.command_config))
-    given.update(dict(args.property))
+    given.update({key: value.strip() for key, value in args.property})
     return given
 
 

@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import re
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -54,9 +55,10 @@ _FIELDS: dict[str, Callable[[ConsumerRecord], bytes]] = {
     "h": _headers_text,
     "K": lambda r: _length(r.key),
     "S": lambda r: _length(r.value),
+    "R": lambda r: struct.pack(">i", -1 if r.value is None else len(r.value)),
 }
 _ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "\\": b"\\", "0": b"\0"}
-_TOKEN = re.compile(r"%(.)|\\(.)", re.DOTALL)
+_TOKEN = re.compile(r"%(.)|\\x([0-9a-fA-F]{2})|\\(.)", re.DOTALL)
 
 
 def compile_format(text: str) -> list[Piece]:
@@ -66,8 +68,10 @@ def compile_format(text: str) -> list[Piece]:
     for match in _TOKEN.finditer(text):
         if match.start() > pos:
             pieces.append(text[pos : match.start()].encode())
-        field, escape = match.groups()
-        if field is not None:
+        field, code, escape = match.groups()
+        if code is not None:
+            pieces.append(bytes([int(code, 16)]))
+        elif field is not None:
             if field == "%":
                 pieces.append(b"%")
             elif field in _FIELDS:
@@ -81,6 +85,61 @@ def compile_format(text: str) -> list[Piece]:
         pos = match.end()
     if pos < len(text):
         pieces.append(text[pos:].encode())
+    return pieces
+
+
+# kafka-console-consumer's --property keys (its DefaultMessageFormatter's), with their defaults.
+FORMATTER_PROPERTIES = {
+    "print.timestamp": "false",
+    "print.partition": "false",
+    "print.offset": "false",
+    "print.headers": "false",
+    "print.key": "false",
+    "print.value": "true",
+    "key.separator": "\t",
+    "line.separator": "\n",
+    "headers.separator": ",",
+    "null.literal": "null",
+}
+
+
+def formatter_pieces(given: dict[str, str]) -> list[Piece]:
+    """What kafka-console-consumer prints for these --property keys: the chosen fields in its
+    order (timestamp, partition, offset, headers, key, value), key.separator between them."""
+    properties = {**FORMATTER_PROPERTIES, **given}
+    shown = []
+    for field in ("timestamp", "partition", "offset", "headers", "key", "value"):
+        text = properties[f"print.{field}"].strip().lower()
+        if text not in ("true", "false"):
+            raise CliError(f"--property print.{field}: expected true or false, got {text!r}", exit_code=2)
+        if text == "true":
+            shown.append(field)
+    null = properties["null.literal"].encode()
+    header_separator = properties["headers.separator"].encode()
+
+    def headers(record: ConsumerRecord) -> bytes:
+        if not record.headers:
+            return b"NO_HEADERS"
+        return header_separator.join(
+            name.encode() + b":" + (null if value is None else value) for name, value in record.headers
+        )
+
+    readers: dict[str, Piece] = {
+        "timestamp": lambda r: (
+            f"{_TIMESTAMP_TYPES.get(r.timestamp_type, 'NO_TIMESTAMP')}:{r.timestamp}".encode()
+        ),
+        "partition": lambda r: f"Partition:{r.partition}".encode(),
+        "offset": lambda r: f"Offset:{r.offset}".encode(),
+        "headers": headers,
+        "key": lambda r: null if r.key is None else r.key,
+        "value": lambda r: null if r.value is None else r.value,
+    }
+    pieces: list[Piece] = []
+    for index, field in enumerate(shown):
+        if index:
+            pieces.append(properties["key.separator"].encode())
+        pieces.append(readers[field])
+    pieces.append(properties["line.separator"].encode())
     return pieces
 
 
@@ -121,17 +180,25 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "--group it joins that consumer group and commits what it printed.\n\n"
         "--format tokens (as kcat -f): %t topic, %p partition, %o offset, %k key, %s value, "
         "%T timestamp (ms), %h headers (name=value,...), %K key size, %S value size (-1: null), "
-        "%% a percent sign; \\n, \\t, \\r, \\\\ escapes. Default: '%s\\n'.\n"
+        "%R value size as a 4-byte big-endian integer, %% a percent sign; \\n, \\t, \\r, \\\\ "
+        "and \\xHH escapes. Default: '%s\\n'.\n"
         "--json prints one object per record: topic, partition, offset, timestamp, timestamp_type, "
         'key, value and headers ([name, value] pairs); non-UTF-8 bytes appear as {"base64": ...}.\n\n'
+        "kafka-console-consumer's --property keys work too: print.key, print.timestamp, "
+        "print.partition, print.offset, print.headers, print.value (=true or false), key.separator "
+        "(default a tab), line.separator, headers.separator and null.literal.\n\n"
+        "kcat's flags: -b, -t, -p, -o beginning|end|N|-N|s@MS, -f FMT, -K DELIM (as -f '%kDELIM%s\\n'), "
+        "-c N and -e.\n\n"
         "examples:\n"
         "  strom consume orders --from-beginning --max-messages 10\n"
         "  strom consume orders --partition 0 --offset 42 --format '%o %k=%s\\n'\n"
         "  strom consume orders --timestamp 2024-05-01T12:00:00Z --json --timeout-ms 2000\n"
         "  strom consume orders --group audit --from-beginning\n"
-        "  strom consume --topic orders --from-beginning -e",
+        "  strom consume --topic orders --from-beginning -e\n"
+        "  strom consume --topic orders --from-beginning --property print.key=true --property print.offset=true\n"
+        "  strom consume -b 127.0.0.1:9092 -t orders -o beginning -e -f '%p:%o %k=%s\\n'",
     )
-    add_either(parser, "topic", help="the topic")
+    add_either(parser, "topic", help="the topic", short="-t")
     start = parser.add_mutually_exclusive_group()
     start.add_argument(
         "--from-beginning",
@@ -150,15 +217,23 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         metavar="TIME",
         help="start at the first record at or after TIME (ISO-8601, UTC unless it has a zone, or ms)",
     )
+    start.add_argument(
+        "-o",
+        dest="kcat_offset",
+        type=kcat_offset,
+        metavar="OFFSET",
+        help="kcat's start: beginning, end, N, -N (N before the end) or s@MS (a timestamp)",
+    )
     parser.add_argument(
         "--partition",
+        "-p",
         action="append",
         type=non_negative_int,
         metavar="N",
         help="read only partition N (repeatable)",
     )
     parser.add_argument("--group", metavar="ID", help="consume as a member of this consumer group")
-    parser.add_argument("--max-messages", type=positive_int, metavar="N", help="stop after N records")
+    parser.add_argument("--max-messages", "-c", type=positive_int, metavar="N", help="stop after N records")
     parser.add_argument(
         "-e",
         "--exit-at-end",
@@ -173,16 +248,44 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         help="stop when no record arrives for MS milliseconds",
     )
     output = parser.add_mutually_exclusive_group()
-    output.add_argument("--format", type=compile_format, metavar="FMT", help="output template (see above)")
+    output.add_argument(
+        "--format", "-f", type=compile_format, metavar="FMT", help="output template (see above)"
+    )
     output.add_argument("--json", action="store_true", help="one JSON object per record")
+    output.add_argument("-K", dest="key_delimiter", metavar="DELIM", help="print key DELIM value (kcat's -K)")
     parser.add_argument(
         "--isolation-level",
         choices=("read_uncommitted", "read_committed"),
         default="read_uncommitted",
         help="read_committed: skip aborted transactions' records (default read_uncommitted)",
     )
-    add_connection_options(parser)
+    add_connection_options(parser, bootstrap_aliases=("-b",))
     parser.set_defaults(func=_run)
+
+
+def kcat_offset(text: str) -> tuple[str, int]:
+    """kcat's -o: ("beginning", 0), ("end", 0), ("offset", N) or ("timestamp", MS)."""
+    word = text.strip()
+    if word in ("beginning", "end"):
+        return word, 0
+    if word.startswith("s@") and word[2:].isdigit():
+        return "timestamp", int(word[2:])
+    if word.lstrip("-").isdigit():
+        return "offset", int(word)
+    raise argparse.ArgumentTypeError(f"expected beginning, end, N, -N or s@MS, got {text!r}")
+
+
+def _from_kcat_offset(args: argparse.Namespace) -> None:
+    """-o as the options it stands for, so that the rest reads only those."""
+    if args.kcat_offset is None:
+        return
+    kind, value = args.kcat_offset
+    if kind == "beginning":
+        args.from_beginning = True
+    elif kind == "offset":
+        args.offset = value
+    elif kind == "timestamp":
+        args.timestamp = value
 
 
 def _config(args: argparse.Namespace) -> dict[str, str]:
@@ -196,7 +299,7 @@ def _config(args: argparse.Namespace) -> dict[str, str]:
     }
     if args.group is not None:
         defaults["group.id"] = args.group
-    return client_config(args, CONSUMER, defaults, kind="consumer")
+    return client_config(args, CONSUMER, defaults, kind="consumer", formatter=FORMATTER_PROPERTIES)
 
 
 def _partitions(consumer: Consumer, topic: str, wanted: list[int] | None) -> list[TopicPartition]:
@@ -257,13 +360,31 @@ class _EndWatch:
         return all(self.consumer.position(tp) >= self.ends[tp] for tp in assignment)
 
 
+def _emitter(args: argparse.Namespace) -> Callable[[ConsumerRecord], bytes]:
+    properties = {k: v for k, v in args.property if k in FORMATTER_PROPERTIES}
+    if properties and (args.format or args.json or args.key_delimiter is not None):
+        raise CliError(
+            f"--property {next(iter(properties))} formats the output as --format, -K and --json do: give one",
+            exit_code=2,
+        )
+    if args.json:
+        return record_json
+    if properties:
+        pieces = formatter_pieces(properties)
+    elif args.key_delimiter is not None:
+        pieces = [_FIELDS["k"], args.key_delimiter.encode(), _FIELDS["s"], b"\n"]
+    else:
+        pieces = args.format or compile_format(DEFAULT_FORMAT)
+    return lambda r: render(pieces, r)
+
+
 def _run(args: argparse.Namespace) -> int:
+    _from_kcat_offset(args)
     if args.group is not None and (args.partition or args.offset is not None or args.timestamp is not None):
         raise CliError(
             "--partition, --offset and --timestamp read without a group; drop --group", exit_code=2
         )
-    pieces = args.format or compile_format(DEFAULT_FORMAT)
-    emit: Callable[[ConsumerRecord], bytes] = record_json if args.json else lambda r: render(pieces, r)
+    emit = _emitter(args)
     out = sys.stdout.buffer
     sys.stdout.flush()
     with Consumer(_config(args)) as consumer:

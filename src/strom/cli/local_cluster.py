@@ -2,13 +2,17 @@
 its own loopback address (127.0.0.11, .12, ...), with all data under one folder.
 
 ``strom cluster up`` runs it for users; the cluster tests start their ZooKeeper with the same
-``ZooKeeperServer``. ZooKeeper is Debian's (``apt-get install zookeeper``): its jars run on the
+``ZooKeeperServer``. While it runs, ``cluster.json`` in its folder says which process is which
+(PIDs, listeners, data dirs), and ``strom cluster stop|start|restart --broker N`` from another shell
+asks it, through request files in ``control/``, to stop or start one broker: the running
+``cluster up`` does it, so that it owns every broker it started and Ctrl-C still stops them all. ZooKeeper is Debian's (``apt-get install zookeeper``): its jars run on the
 machine's java, with the admin server off and a data dir and port of its own, so nothing is
 shared with a system-wide ZooKeeper.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -16,10 +20,12 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 ZOOKEEPER_HOST = "127.0.0.1"
@@ -27,6 +33,9 @@ ZOOKEEPER_HOST = "127.0.0.1"
 # interface on Linux, so each broker has its own address and all of them the same port.
 BROKER_ADDRESS_BASE = 10
 DEFAULT_CHROOT = "/strom"
+STATE_FILE = "cluster.json"
+CONTROL_DIR = "control"
+CONTROL_ACTIONS = ("stop", "start", "restart")
 
 
 class LocalClusterError(RuntimeError):
@@ -181,10 +190,33 @@ class LocalBroker:
     folder: Path
     configs: dict[str, str]
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # Stopped on purpose (``strom cluster stop``): its exit is not a crash to report.
+    stopped: bool = False
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.configs["log.dirs"])
+
+    @property
+    def state(self) -> str:
+        if self.process is None:
+            return "not started"
+        status = self.process.poll()
+        if status is None:
+            return "running"
+        return "stopped" if self.stopped else f"exited ({status})"
 
     @property
     def log_path(self) -> Path:
@@ -206,6 +238,40 @@ class LocalBroker:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 start_new_session=True,
             )
+        self.stopped = False
+
+    def wait_listening(self, timeout: float = 60.0) -> None:
+        """Return once the broker accepts connections; raise if it exits or takes too long."""
+        deadline = time.monotonic() + timeout
+        while not accepts_connections(self.host, self.port):
+            assert self.process is not None
+            status = self.process.poll()
+            if status is not None:
+                raise LocalClusterError(
+                    f"broker {self.broker_id} exited with status {status}\n{log_tail(self.log_path)}"
+                )
+            if time.monotonic() > deadline:
+                raise LocalClusterError(
+                    f"broker {self.broker_id} did not listen on {self.address} within {timeout:.0f}s\n"
+                    f"{log_tail(self.log_path)}"
+                )
+            time.sleep(0.1)
+
+    def stop(self, *, kill: bool = False, timeout: float = 30.0) -> None:
+        """SIGTERM (a clean, controlled shutdown) or, with ``kill``, SIGKILL as a crash would;
+        SIGKILL too if it is still running after ``timeout``."""
+        self.stopped = True
+        if self.process is None or self.process.poll() is not None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def cluster_broker_configs(
@@ -269,6 +335,8 @@ class LocalCluster:
         for broker in self.brokers:
             if accepts_connections(broker.host, broker.port):
                 raise LocalClusterError(f"{broker.address} is already in use")
+        # Requests left from a run that ended without answering them are not for this one.
+        shutil.rmtree(self.folder / CONTROL_DIR, ignore_errors=True)
         self.zookeeper.start()
         for broker in self.brokers:
             broker.start()
@@ -292,8 +360,87 @@ class LocalCluster:
             time.sleep(0.1)
 
     def exited(self) -> list[LocalBroker]:
-        """Brokers whose process has ended."""
-        return [b for b in self.brokers if b.process is not None and b.process.poll() is not None]
+        """Brokers whose process has ended unasked (not by ``stop``)."""
+        return [
+            b
+            for b in self.brokers
+            if not b.stopped and b.process is not None and b.process.poll() is not None
+        ]
+
+    def broker(self, broker_id: int) -> LocalBroker:
+        for broker in self.brokers:
+            if broker.broker_id == broker_id:
+                return broker
+        ids = ", ".join(str(b.broker_id) for b in self.brokers)
+        raise LocalClusterError(f"no broker {broker_id} in this cluster (its brokers: {ids})")
+
+    def control(self, action: str, broker_id: int, *, kill: bool = False) -> str:
+        """Stop, start or restart one broker; what happened, in a sentence."""
+        broker = self.broker(broker_id)
+        if action == "start" and broker.running:
+            raise LocalClusterError(f"broker {broker_id} is already running (pid {broker.pid})")
+        if action == "stop" and not broker.running:
+            raise LocalClusterError(f"broker {broker_id} is not running ({broker.state})")
+        said = []
+        if action in ("stop", "restart") and broker.running:
+            old = broker.pid
+            broker.stop(kill=kill)
+            said.append(f"broker {broker_id} {'killed' if kill else 'stopped'} (pid {old})")
+        if action in ("start", "restart"):
+            broker.start()
+            broker.wait_listening()
+            said.append(f"broker {broker_id} started: pid {broker.pid}, listening on {broker.address}")
+        return "; ".join(said)
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Each process of the cluster: name, pid, state, listener, data dir and log."""
+        rows: list[dict[str, Any]] = [
+            {
+                "name": "zookeeper",
+                "pid": self.zookeeper.pid,
+                "state": "running" if self.zookeeper.running else "stopped",
+                "listener": self.zookeeper.connect,
+                "data_dir": str(self.zookeeper.folder / "data"),
+                "log": str(self.zookeeper.log_path),
+            }
+        ]
+        for broker in self.brokers:
+            rows.append(
+                {
+                    "name": f"broker {broker.broker_id}",
+                    "broker_id": broker.broker_id,
+                    "pid": broker.pid,
+                    "state": broker.state,
+                    "listener": broker.address,
+                    "data_dir": str(broker.data_dir),
+                    "log": str(broker.log_path),
+                }
+            )
+        return rows
+
+    def write_state(self) -> None:
+        """``cluster.json``: this process's pid and the cluster's processes, replaced atomically."""
+        state = {"pid": os.getpid(), "bootstrap": self.bootstrap, "processes": self.processes()}
+        temporary = self.folder / f".{STATE_FILE}.tmp"
+        temporary.write_text(json.dumps(state, indent=2) + "\n")
+        temporary.replace(self.folder / STATE_FILE)
+
+    def remove_state(self) -> None:
+        (self.folder / STATE_FILE).unlink(missing_ok=True)
+        shutil.rmtree(self.folder / CONTROL_DIR, ignore_errors=True)
+
+    def take_requests(self) -> list[tuple[Path, dict[str, Any]]]:
+        """Requests that ``send_request`` left in ``control/``, oldest first."""
+        control = self.folder / CONTROL_DIR
+        found = []
+        for path in sorted(control.glob("*.request"), key=lambda p: p.stat().st_mtime_ns):
+            try:
+                request = json.loads(path.read_text())
+            except (OSError, ValueError):
+                request = {}
+            path.unlink(missing_ok=True)
+            found.append((path, request))
+        return found
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM to every broker at once (each shuts down cleanly, in parallel), SIGKILL to any
@@ -309,3 +456,66 @@ class LocalCluster:
                 process.kill()
                 process.wait()
         self.zookeeper.stop()
+
+
+def reply(request_path: Path, ok: bool, message: str) -> None:
+    """The answer ``send_request`` waits for, beside the request it answers."""
+    answer = request_path.with_suffix(".reply")
+    temporary = request_path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"ok": ok, "message": message}))
+    temporary.replace(answer)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    return True
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """The running ``cluster up``'s state in ``folder``; LocalClusterError if none runs there."""
+    path = folder / STATE_FILE
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LocalClusterError(
+            f"no `strom cluster up` runs with --dir {folder} (no {STATE_FILE} there)"
+        ) from None
+    except ValueError as exc:
+        raise LocalClusterError(f"{path}: not a cluster state file ({exc})") from None
+    if not pid_alive(int(state.get("pid", 0))):
+        raise LocalClusterError(
+            f"no `strom cluster up` runs with --dir {folder} (process {state.get('pid')} of {path} has ended)"
+        )
+    return state
+
+
+def send_request(folder: Path, request: Mapping[str, Any], timeout: float = 120.0) -> str:
+    """Ask the ``cluster up`` running on ``folder`` to act; its answer, or LocalClusterError."""
+    state = read_state(folder)
+    control = folder / CONTROL_DIR
+    control.mkdir(exist_ok=True)
+    name = uuid.uuid4().hex
+    temporary = control / f"{name}.tmp"
+    temporary.write_text(json.dumps(dict(request)))
+    temporary.replace(control / f"{name}.request")
+    answer = control / f"{name}.reply"
+    deadline = time.monotonic() + timeout
+    while not answer.exists():
+        if not pid_alive(int(state["pid"])):
+            raise LocalClusterError(f"`strom cluster up` (pid {state['pid']}) ended before it answered")
+        if time.monotonic() > deadline:
+            (control / f"{name}.request").unlink(missing_ok=True)
+            raise LocalClusterError(
+                f"`strom cluster up` (pid {state['pid']}) did not answer within {timeout:.0f}s"
+            )
+        time.sleep(0.1)
+    result = json.loads(answer.read_text())
+    answer.unlink(missing_ok=True)
+    if not result["ok"]:
+        raise LocalClusterError(str(result["message"]))
+    return str(result["message"])

@@ -203,7 +203,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(topics.kafka_spelling(sys.argv[1:] if argv is None else argv))
     logs.configure(args.log_level or ("INFO" if args.command == "serve" else "WARNING"))
     if args.command == "serve":
         return serve(args)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -36,8 +37,11 @@ DEFAULT_BROKER_CONFIG = Path("config/server.properties")
 CHECKPOINTS = "strom-checkpoints"
 # What the broker uses when its config names no data directory (Kafka's default).
 BROKER_DEFAULT_LOG_DIR = "/tmp/kafka-logs"
-# Spark warns for every streaming query that adaptive execution does not apply to it.
-RUNNER_CONF = {"spark.sql.adaptive.enabled": "false"}
+# Spark warns for every streaming query that adaptive execution does not apply to it. The UI
+# shows a running pipeline's queries and jobs; `strom.spark.session` leaves it off for library use.
+RUNNER_CONF = {"spark.sql.adaptive.enabled": "false", "spark.ui.enabled": "true"}
+SPARK_LOG = "spark.log"
+SPARK_LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 
 
 def register(subparsers: Subparsers[ArgumentParser]) -> None:
@@ -59,6 +63,11 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "turn to the end of what its source topics hold. Spark runs in local mode unless --master "
         "names a cluster, which needs Spark >= 4.2 and checkpoints on storage every node reaches; "
         "the strom package is shipped to its executors.\n\n"
+        "Before Spark starts it prints what it runs: each stage's source and sink topics, its "
+        "delivery (exactly-once or at-least-once) and trigger, and the checkpoint folder; then "
+        f"the Spark UI's address. Spark's own log (the JVM's output) goes to {SPARK_LOG} in the "
+        "pipeline's checkpoint folder, at WARN; --spark-log-level puts it on the terminal instead, "
+        "at that level.\n\n"
         "examples:\n"
         "  strom pipeline run examples/weblog/pipeline.py\n"
         "  strom pipeline run pipeline.py --once --stage parse\n"
@@ -93,6 +102,14 @@ def register(subparsers: Subparsers[ArgumentParser]) -> None:
         "unless a stage's sink_options set exactlyOnce=false)",
     )
     run.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
+    run.add_argument(
+        "--spark-log-level",
+        type=str.upper,
+        choices=SPARK_LOG_LEVELS,
+        metavar="LEVEL",
+        help=f"show Spark's log on the terminal at LEVEL ({', '.join(SPARK_LOG_LEVELS)}) instead of "
+        f"writing it to {SPARK_LOG}",
+    )
     run.add_argument(
         "--conf",
         action="append",
@@ -174,14 +191,15 @@ def _run(args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
     from strom.spark import session
-    from strom.spark.pipeline import PipelineError, PipelineRunner
+    from strom.spark.pipeline import PipelineError, PipelineRunner, one_line
 
     pipeline = _load(args.file)
     try:
-        pipeline.select(args.stage)
+        stages = pipeline.select(args.stage)
     except PipelineError as error:
         raise CliError(str(error), exit_code=2) from None
     checkpoint_dir = _checkpoint_dir(args)
+    _print_plan(args, pipeline, stages, checkpoint_dir)
     # py4j logs every call from the JVM at INFO, and PySpark logs a failing query's analysis
     # error with its Java stack trace: the runner's own lines say it in one.
     logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger().level))
@@ -189,7 +207,28 @@ def _run(args: argparse.Namespace) -> int:
     progress = _ProgressLine(sys.stderr) if sys.stderr.isatty() else None
     # A caller's session (the command run in-process) is reused and left running.
     own_session = SparkSession.getActiveSession() is None
-    spark = session(master=args.master, app_name=pipeline.name, conf={**RUNNER_CONF, **dict(args.conf)})
+    log_path = (
+        checkpoint_dir / pipeline.name / SPARK_LOG if own_session and not args.spark_log_level else None
+    )
+    try:
+        with _jvm_output_to(log_path):
+            spark = session(
+                master=args.master, app_name=pipeline.name, conf={**RUNNER_CONF, **dict(args.conf)}
+            )
+    except Exception as error:
+        # The JVM said why in the log, not here.
+        where = f" (Spark's log: {log_path})" if log_path is not None else ""
+        raise CliError(f"Spark did not start: {one_line(str(error))}{where}") from None
+    if args.spark_log_level:
+        spark.sparkContext.setLogLevel(args.spark_log_level)
+    ui = spark.sparkContext.uiWebUrl or "off (--conf spark.ui.enabled=true turns it on)"
+    print(f"Spark UI: {ui}")
+    if log_path is not None:
+        print(f"Spark log: {log_path} (--spark-log-level INFO shows it here instead)")
+    print(
+        "Ctrl-C stops the stages cleanly." if not args.once else "Each stage runs to the end of its sources."
+    )
+    sys.stdout.flush()
     try:
         runner = PipelineRunner(
             pipeline,
@@ -215,6 +254,61 @@ def _run(args: argparse.Namespace) -> int:
         if own_session:
             spark.stop()
     return 0 if finished else 130
+
+
+def _source(stage: Stage) -> str:
+    if stage.topics:
+        return ",".join(stage.topics)
+    for option in ("subscribePattern", "assign"):
+        if option in stage.source_options:
+            return f"{option} {stage.source_options[option]}"
+    return "-"
+
+
+def _print_plan(
+    args: argparse.Namespace, pipeline: Pipeline, stages: list[Stage], checkpoint_dir: Path
+) -> None:
+    """What the run is about to do, before Spark takes its seconds to start."""
+    from strom.spark.pipeline import group_id
+
+    mode = "once, stage by stage" if args.once else "until Ctrl-C, all stages at once"
+    print(f"Pipeline {pipeline.name} ({args.file}): {len(stages)} of {len(pipeline.stages)} stages, {mode}")
+    print_table(
+        ("STAGE", "SOURCE", "SINK", "DELIVERY", "TRIGGER", "GROUP"),
+        [
+            (
+                stage.name,
+                _source(stage),
+                stage.sink,
+                stage.delivery(not args.at_least_once),
+                "available now" if args.once else stage.trigger or args.trigger,
+                group_id(pipeline, stage),
+            )
+            for stage in stages
+        ],
+    )
+    print(f"Brokers: {args.bootstrap_server}")
+    print(f"Checkpoints: {checkpoint_dir / pipeline.name}")
+    print(f"Spark: {args.master}, starting...", flush=True)
+
+
+@contextmanager
+def _jvm_output_to(path: Path | None) -> Iterator[None]:
+    """With a path, the JVM that Spark starts meanwhile inherits it as its stderr (log4j's
+    console, the JVM's own warnings), and this process gets its stderr back afterwards."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with path.open("ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @contextmanager

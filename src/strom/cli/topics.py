@@ -20,14 +20,62 @@ from strom.cli.common import (
 from strom.client.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, TopicDescription
 from strom.client.errors import ErrorCode, KafkaException
 
+KAFKA_ACTIONS = {
+    "--create": "create",
+    "--list": "list",
+    "--describe": "describe",
+    "--alter": "alter",
+    "--delete": "delete",
+}
+_COMMANDS = ("create", "list", "describe", "alter", "reassign", "delete")
+
+
+def kafka_spelling(argv: list[str]) -> list[str]:
+    """kafka-topics' ``topics [options] --create [options]`` as ``topics --create create [options]``:
+    the command named after the flags (a second flag is then argparse's error), the rest as given.
+    Strom's own spelling (``topics create ...``) is left alone."""
+    position = _command_position(argv)
+    if position is None or argv[position] != "topics":
+        return argv
+    rest = argv[position + 1 :]
+    flags = [word for word in rest if word in KAFKA_ACTIONS]
+    if not flags or (rest and rest[0] in _COMMANDS):
+        return argv
+    others = [word for word in rest if word not in KAFKA_ACTIONS]
+    return [*argv[: position + 1], *flags, KAFKA_ACTIONS[flags[0]], *others]
+
+
+def _command_position(argv: list[str]) -> int | None:
+    """Where the command is: the first word that is neither an option of `strom` nor its value."""
+    position = 0
+    while position < len(argv):
+        word = argv[position]
+        if not word.startswith("-"):
+            return position
+        position += 2 if word == "--log-level" else 1
+    return None
+
 
 def register(subparsers: Subparsers[ArgumentParser]) -> None:
     parser = add_parser(
         subparsers,
         "topics",
         help="create, list, describe, alter and delete topics",
-        description="Manage topics on any Kafka-protocol broker, as kafka-topics does.",
+        description="Manage topics on any Kafka-protocol broker, as kafka-topics does. Its spelling "
+        "works too: --create, --list, --describe, --alter or --delete in place of the command, "
+        "anywhere among the options.\n\n"
+        "examples:\n"
+        "  strom topics create orders --partitions 6\n"
+        "  strom topics --bootstrap-server 127.0.0.1:9092 --create --topic orders --partitions 6 "
+        "--replication-factor 1\n"
+        "  strom topics --describe --topic orders",
     )
+    # Only for --help and for the error when two are given: kafka_spelling() puts the command after them.
+    actions = parser.add_mutually_exclusive_group()
+    for flag, command in KAFKA_ACTIONS.items():
+        actions.add_argument(
+            flag, action="store_true", help=f"kafka-topics' spelling of `strom topics {command}`"
+        )
     commands = add_commands(parser, "topics_command")
 
     create = add_parser(
