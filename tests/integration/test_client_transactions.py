@@ -20,6 +20,7 @@ import pytest
 
 from integration.clients_util import confluent_consumer, create_topic, fetch_batches, poll_confluent
 from strom.client import (
+    AdminClient,
     AsyncProducer,
     Consumer,
     KafkaException,
@@ -387,3 +388,17 @@ def test_closing_aborts_the_open_transaction(bootstrap: str, make_consumer: Call
     while time.monotonic() < deadline:
         assert consumer.poll(0.1) == []
     assert consumer.position(tp) == 2
+
+
+def test_describe_a_transactional_id_with_no_open_transaction(
+    bootstrap: str, make_producer: Callable[..., Producer]
+) -> None:
+    """Kafka answers start time -1 while no transaction is open; the admin client reads it as None
+    instead of failing the response (and retrying it until its timeout)."""
+    transactional_id = _name("tid-idle")
+    producer = make_producer(transactional_id)
+    producer.init_transactions(10)
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        described = admin.describe_transactions([transactional_id], timeout=10)[transactional_id]
+    assert described.state == "Empty"
+    assert described.transaction_start_time_ms is None

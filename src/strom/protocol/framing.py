@@ -12,11 +12,14 @@ it before it knows which versions the broker speaks.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
+import functools
 import io
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import GenericAlias
+from typing import Any, get_args
 
 from kio.serial import entity_reader, entity_writer
 
@@ -336,10 +339,43 @@ def decode_response(frame: bytes | memoryview, api_key: int, api_version: int) -
             api_version = 0
     elif flexible:
         offset = skip_tagged_fields(memoryview(frame), offset)
-    entity_type = response_entity(api_key, api_version)
+    entity_type = _read_response_entity(api_key, api_version)
     check_body(entity_type, memoryview(frame), offset)
     try:
         value, _size = entity_reader(entity_type)(frame, offset)
     except Exception as exc:  # kio raises a variety of errors for malformed input
         raise ProtocolError(f"malformed response to api {api_key} v{api_version}: {exc}") from exc
     return value
+
+
+# Timestamps that Kafka writes as -1 for "none" although its schema does not call them nullable:
+# kio reads an int64 timestamp as a datetime and refuses a negative one, so a reader of these
+# responses reads the field as nullable instead (-1 becomes None). The path leads from the
+# response through array fields to the timestamp.
+_UNSET_TIMESTAMPS: dict[int, tuple[str, ...]] = {
+    ApiKey.DESCRIBE_TRANSACTIONS: ("transaction_states", "transaction_start_time"),
+}
+_ENTITY_CLASS_VARS = ("__type__", "__version__", "__flexible__", "__api_key__", "__header_schema__")
+
+
+@functools.cache
+def _read_response_entity(api_key: int, version: int) -> Any:
+    entity = response_entity(api_key, version)
+    path = _UNSET_TIMESTAMPS.get(api_key)
+    return entity if path is None else _with_nullable_field(entity, path)
+
+
+def _with_nullable_field(entity: Any, path: tuple[str, ...]) -> Any:
+    """A copy of the kio entity ``entity`` in which the field at ``path`` may be null."""
+    name, rest = path[0], path[1:]
+    fields: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(entity):
+        kind: Any = f.type
+        if f.name == name:
+            kind = GenericAlias(tuple, (_with_nullable_field(get_args(kind)[0], rest), ...)) if rest else kind | None
+        spec = dataclasses.field(metadata=f.metadata)
+        if f.default is not dataclasses.MISSING:
+            spec = dataclasses.field(default=f.default, metadata=f.metadata)
+        fields.append((f.name, kind, spec))
+    variables = {var: getattr(entity, var) for var in _ENTITY_CLASS_VARS if hasattr(entity, var)}
+    return dataclasses.make_dataclass(entity.__name__, fields, namespace=variables, frozen=True, slots=True)

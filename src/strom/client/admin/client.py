@@ -732,14 +732,16 @@ class AsyncAdminClient:
                         self._transaction_coordinators.pop(t.transactional_id, None)
                     outcomes[t.transactional_id] = _error(t.error_code, f"transactional id '{t.transactional_id}'")
                     continue
-                start = round(t.transaction_start_time.timestamp() * 1000)  # -1: no open transaction
+                # Kafka writes -1 while no transaction is open, which the decoder reads as None.
+                started = t.transaction_start_time
+                start = None if started is None else round(started.timestamp() * 1000)
                 outcomes[t.transactional_id] = TransactionDescription(
                     coordinator_id=node_id,
                     state=t.transaction_state,
                     producer_id=int(t.producer_id),
                     producer_epoch=int(t.producer_epoch),
                     transaction_timeout_ms=to_ms(t.transaction_timeout),
-                    transaction_start_time_ms=start if start >= 0 else None,
+                    transaction_start_time_ms=start,
                     topic_partitions=frozenset(
                         TopicPartition(topic.topic, p) for topic in t.topics for p in topic.partitions
                     ),
