@@ -24,18 +24,26 @@ their commits and unregisters the listener first.
 The group is ``kafka.group.id`` if the source has one, else ``<groupIdPrefix>-<query
 name>``, else ``<groupIdPrefix>-<hash of the checkpoint location>``: stable across
 restarts of the same query.
+
+Each commit's offsets carry the batch's progress in their metadata (``PipelineProgress``: rows,
+rows/s, duration, end time, source and sink topics), so the broker's lag metrics and the console
+show a pipeline stage's throughput with one OffsetFetch. A pipeline runner names the stage and its
+sink (``track``); for other queries the stage is the query's name and the sinks are unknown. A
+broker whose ``offset.metadata.max.bytes`` is below the metadata's size gets the commit without it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -49,7 +57,11 @@ from pyspark.sql.streaming.listener import (
 from pyspark.sql.streaming.query import StreamingQuery
 
 from strom.client.admin import AdminClient
+from strom.client.cluster import TopicPartition
 from strom.client.consumer import OffsetAndMetadata
+from strom.client.errors import KafkaException
+from strom.protocol.errors import ErrorCode
+from strom.protocol.pipeline_progress import PipelineProgress
 from strom.spark.offsets import StreamOffset
 from strom.spark.options import SourceOptions, parse_source_options
 from strom.spark.source import SOURCE_NAME
@@ -66,6 +78,15 @@ class _StromSource:
     group_id: str
 
 
+@dataclass(frozen=True)
+class StageIdentity:
+    """What a query is, for the progress its commits carry: a pipeline's stage and its sink topics."""
+
+    pipeline: str
+    stage: str
+    sinks: tuple[str, ...] = ()
+
+
 class OffsetCommitter(StreamingQueryListener):
     def __init__(self, spark: SparkSession) -> None:
         self._spark = spark
@@ -75,6 +96,7 @@ class OffsetCommitter(StreamingQueryListener):
         self._terminated: dict[str, threading.Event] = {}
         self._committed: dict[tuple[str, str], str] = {}  # (runId, description) -> last end offset sent
         self._admins: dict[tuple[tuple[str, str], ...], AdminClient] = {}
+        self._identities: dict[str, StageIdentity] = {}  # runId -> the stage the query runs
         # Commits run on a thread of their own: a slow or absent broker must not hold up
         # Spark's listener bus (or spark.stop(), which drains it).
         self._work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -82,9 +104,14 @@ class OffsetCommitter(StreamingQueryListener):
 
     # -- the caller's side ----------------------------------------------------------------------
 
-    def track(self, query: StreamingQuery) -> None:
-        """Remember a just-started query's handle now rather than when its start event arrives."""
-        self._remember(str(query.runId), query._jsq.streamingQuery())
+    def track(self, query: StreamingQuery, identity: StageIdentity | None = None) -> None:
+        """Remember a just-started query's handle now rather than when its start event arrives,
+        and, for a pipeline's stage, which stage it is."""
+        run_id = str(query.runId)
+        if identity is not None:
+            with self._lock:
+                self._identities[run_id] = identity
+        self._remember(run_id, query._jsq.streamingQuery())
 
     def wait_for(self, query: StreamingQuery, timeout: float = 30.0) -> bool:
         """After the query stopped: wait until its last batch's offsets are committed."""
@@ -129,6 +156,13 @@ class OffsetCommitter(StreamingQueryListener):
         except Exception:  # the JVM gateway failing must not take the listener bus down
             log.warning("cannot inspect the sources of query %s", query, exc_info=True)
             return
+        with self._lock:
+            identity = self._identities.get(run_id) or StageIdentity("", query)
+        try:
+            batch: PipelineProgress | None = batch_progress(progress, identity)
+        except Exception:  # a progress of unexpected shape costs the metadata, not the commit
+            log.debug("cannot read the progress of query %s", query, exc_info=True)
+            batch = None
         for source_progress in progress.sources:
             source = sources.get(source_progress.description)
             end = source_progress.endOffset
@@ -136,7 +170,7 @@ class OffsetCommitter(StreamingQueryListener):
             if source is None or not end or self._committed.get(key) == end:
                 continue
             self._committed[key] = end
-            self._work.put(functools.partial(self._commit, query, source, end))
+            self._work.put(functools.partial(self._commit, query, source, end, batch))
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:
         pass
@@ -146,6 +180,7 @@ class OffsetCommitter(StreamingQueryListener):
         with self._lock:
             self._queries.pop(run_id, None)
             self._sources.pop(run_id, None)
+            self._identities.pop(run_id, None)
             for key in [key for key in self._committed if key[0] == run_id]:
                 del self._committed[key]
         # Set once the commits queued before it are done.
@@ -191,21 +226,58 @@ class OffsetCommitter(StreamingQueryListener):
         while True:
             self._work.get()()
 
-    def _commit(self, query: str, source: _StromSource, end_offset: str) -> None:
+    def _commit(
+        self, query: str, source: _StromSource, end_offset: str, progress: PipelineProgress | None
+    ) -> None:
         offsets = StreamOffset.from_json_dict(end_offset, "end offset").offsets
         config = source.options.client_config("admin")
         key = tuple(sorted(config.items()))
         admin = self._admins.get(key)
         if admin is None:
             admin = self._admins[key] = AdminClient(config)
+        sources = tuple(sorted({tp.topic for tp in offsets}))
+        metadata = "" if progress is None else dataclasses.replace(progress, sources=sources).to_metadata()
         try:
-            admin.alter_consumer_group_offsets(
-                source.group_id,
-                {tp: OffsetAndMetadata(offset) for tp, offset in offsets.items()},
-                timeout=COMMIT_TIMEOUT,
-            )
+            try:
+                self._alter(admin, source.group_id, offsets, metadata)
+            except KafkaException as error:
+                if error.error_code != ErrorCode.offset_metadata_too_large:
+                    raise
+                self._alter(admin, source.group_id, offsets, "")
         except Exception as error:
             log.warning("could not commit offsets of query %s to group %s: %s", query, source.group_id, error)
+
+    @staticmethod
+    def _alter(
+        admin: AdminClient, group_id: str, offsets: Mapping[TopicPartition, int], metadata: str
+    ) -> None:
+        admin.alter_consumer_group_offsets(
+            group_id,
+            {tp: OffsetAndMetadata(offset, metadata) for tp, offset in offsets.items()},
+            timeout=COMMIT_TIMEOUT,
+        )
+
+
+def batch_progress(progress: Any, identity: StageIdentity) -> PipelineProgress:
+    """A finished batch's StreamingQueryProgress as what its commits carry (their source topics
+    are added per commit)."""
+    duration_ms = int(progress.batchDuration or 0)
+    try:
+        started = datetime.fromisoformat(str(progress.timestamp).replace("Z", "+00:00"))
+        end_ms = int(started.timestamp() * 1000) + duration_ms
+    except ValueError:
+        end_ms = time.time_ns() // 1_000_000
+    return PipelineProgress(
+        pipeline=identity.pipeline,
+        stage=identity.stage,
+        batch_id=int(progress.batchId),
+        rows=int(progress.numInputRows or 0),
+        input_rows_per_second=float(progress.inputRowsPerSecond or 0.0),
+        processed_rows_per_second=float(progress.processedRowsPerSecond or 0.0),
+        batch_duration_ms=duration_ms,
+        batch_end_ms=end_ms,
+        sinks=identity.sinks,
+    )
 
 
 def consumer_group(options: SourceOptions, query_name: str | None, checkpoint: str = "") -> str:

@@ -54,7 +54,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from strom.client.admin import AdminClient, OffsetSpec
 from strom.client.cluster import TopicPartition
 from strom.client.errors import KafkaException, KafkaTimeoutError
-from strom.spark.committer import OffsetCommitter, consumer_group
+from strom.spark.committer import OffsetCommitter, StageIdentity, consumer_group
 from strom.spark.offsets import CheckpointMismatchError, OffsetsFormatError, StreamOffset
 from strom.spark.options import (
     Assign,
@@ -505,7 +505,7 @@ class PipelineRunner:
             raise PipelineError(
                 f"stage {stage.name!r}: {type(error).__name__}: {one_line(str(error))}"
             ) from None
-        self.committer.track(query)
+        self.committer.track(query, StageIdentity(self.pipeline.name, stage.name, (stage.sink,)))
         status.update(state="running", id=str(query.id), runId=str(query.runId))
         running = _Running(stage, query, status)
         self._running.append(running)
