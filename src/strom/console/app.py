@@ -4,7 +4,7 @@ routes, the static files, and read-only mode."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from strom.client.admin import AsyncAdminClient
+from strom.client.config import ADMIN, ConfigKey
 
 HERE = Path(__file__).parent
 # Each module in strom.console.pages has ``routes`` (its Starlette routes) and ``NAV`` (the
@@ -38,9 +39,13 @@ class ConsoleConfig:
     # Any further client configs (security.protocol, sasl.*, ...) for the console's clients.
     client_config: dict[str, str] = field(default_factory=dict)
 
-    def client(self, **overrides: Any) -> dict[str, Any]:
-        """The config for one of the console's clients."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.client_config, **overrides}
+    def client(self, definitions: tuple[ConfigKey, ...], **overrides: Any) -> dict[str, Any]:
+        """The config for one of the console's clients, of the keys ``definitions`` (ADMIN,
+        PRODUCER, CONSUMER) holds: the command line gives admin configs, such as
+        default.api.timeout.ms, that a producer refuses."""
+        names = {key.name for key in definitions}
+        given = {name: value for name, value in self.client_config.items() if name in names}
+        return {"bootstrap.servers": self.bootstrap_servers, **given, **overrides}
 
 
 @dataclass
@@ -50,6 +55,8 @@ class Console:
     config: ConsoleConfig
     templates: Jinja2Templates
     admin: AsyncAdminClient
+    # What pages started in the background (a lag sampler, ...): awaited when the console stops.
+    on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def render(self, request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
         return self.templates.TemplateResponse(request, template, context, status_code=status_code)
@@ -96,11 +103,13 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        admin = AsyncAdminClient(config.client(**{"client.id": "strom-console"}))
+        admin = AsyncAdminClient(config.client(ADMIN, **{"client.id": "strom-console"}))
         app.state.console = Console(config=config, templates=templates, admin=admin)
         try:
             yield
         finally:
+            for close in app.state.console.on_close:
+                await close()
             await admin.close()
 
     async def home(request: Request) -> Response:

@@ -34,6 +34,7 @@ from strom.client.admin.types import (
     GroupDescription,
     GroupListing,
     ListOffsetsResult,
+    LogDirDescription,
     MemberDescription,
     NewPartitions,
     NewTopic,
@@ -41,6 +42,7 @@ from strom.client.admin.types import (
     PartitionInfo,
     PartitionReassignment,
     ProducerState,
+    ReplicaInfo,
     TopicDescription,
     TopicPartitionReplica,
     TransactionDescription,
@@ -71,6 +73,11 @@ _LEGACY = object()
 
 def _error(code: int, subject: str, message: str | None = None) -> KafkaException:
     return KafkaException.from_code(code, subject, message)
+
+
+def _known(value: int) -> int | None:
+    """A size a response gives as -1 when unknown."""
+    return None if value < 0 else int(value)
 
 
 def _retriable(exc: KafkaException) -> bool:
@@ -1026,6 +1033,42 @@ class AsyncAdminClient:
             if isinstance(described.get(name), KafkaException):
                 raise described[name]
         return described
+
+    async def describe_log_dirs(
+        self, broker_ids: Sequence[int], *, timeout: float | None = None
+    ) -> dict[int, dict[str, LogDirDescription]]:
+        """Each broker's log dirs and the replicas in them, with their sizes."""
+
+        async def send(node_id: int, _pending: list[int]) -> dict[int, Any]:
+            response = await self._client.send(node_id, requests.describe_log_dirs)
+            # error_code (v3+), total_bytes and usable_bytes (v4+) are absent from older responses.
+            error_code = getattr(response, "error_code", ErrorCode.none)
+            if error_code != ErrorCode.none:
+                return {node_id: _error(error_code, f"log dirs of broker {node_id}")}
+            dirs: dict[str, LogDirDescription] = {}
+            for result in response.results:
+                if result.error_code != ErrorCode.none:
+                    continue  # an offline log dir: it holds no replica the broker can serve
+                dirs[result.log_dir] = LogDirDescription(
+                    replicas={
+                        TopicPartition(t.name, int(p.partition_index)): ReplicaInfo(
+                            int(p.partition_size), int(p.offset_lag), bool(p.is_future_key)
+                        )
+                        for t in result.topics
+                        for p in t.partitions
+                    },
+                    total_bytes=_known(getattr(result, "total_bytes", -1)),
+                    usable_bytes=_known(getattr(result, "usable_bytes", -1)),
+                )
+            return {node_id: dirs}
+
+        async def attempt(pending: list[int]) -> dict[int, Any]:
+            if any(self._client.node(b) is None for b in pending):
+                await self._client.refresh_metadata([])  # the brokers' addresses
+            return await self._fan_out({b: [b] for b in pending}, send)
+
+        found = await self._call("DescribeLogDirs", broker_ids, attempt, timeout)
+        return {b: found[b] for b in broker_ids}
 
     async def alter_replica_log_dirs(
         self, moves: Mapping[TopicPartitionReplica, str], *, timeout: float | None = None

@@ -399,6 +399,11 @@ def describe_topic_partitions(
     )
 
 
+def describe_log_dirs(connection: BrokerConnection) -> Any:
+    m = request_module(ApiKey.DESCRIBE_LOG_DIRS, connection.version(ApiKey.DESCRIBE_LOG_DIRS, 4, 1))
+    return m.DescribeLogDirsRequest(topics=None)  # every replica of every log dir
+
+
 def alter_replica_log_dirs(connection: BrokerConnection, moves: Mapping[TopicPartition, str]) -> Any:
     m = request_module(ApiKey.ALTER_REPLICA_LOG_DIRS, connection.version(ApiKey.ALTER_REPLICA_LOG_DIRS, 2, 1))
     by_dir: dict[str, list[TopicPartition]] = defaultdict(list)

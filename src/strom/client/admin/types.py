@@ -226,6 +226,25 @@ class PartitionReassignment:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """A replica's log in a log dir (DescribeLogDirs): its size in bytes, how far it is behind the
+    log it replaces (a future replica), and whether it is one."""
+
+    size: int
+    offset_lag: int
+    is_future: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirDescription:
+    """One log dir of a broker; total and usable bytes are None when the broker does not say."""
+
+    replicas: dict[TopicPartition, ReplicaInfo]
+    total_bytes: int | None
+    usable_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class TopicPartitionReplica:
     """One broker's replica of a partition (what AlterReplicaLogDirs moves)."""
 

@@ -16,20 +16,23 @@ function refreshLive(element) {
           element.innerHTML = await response.text();
           element.dispatchEvent(new CustomEvent("refreshed", { bubbles: true }));
         }
+        // A fragment marked data-final (a finished search) will not change again.
+        if (element.querySelector("[data-final]")) return;
       } catch (e) {
         // The console or the cluster is away for a moment: keep what is shown, try again.
       }
     }
     setTimeout(tick, interval);
   };
-  setTimeout(tick, interval);
+  if (!element.querySelector("[data-final]")) setTimeout(tick, interval);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll("[data-refresh]").forEach(refreshLive);
-  document.querySelectorAll("form[data-confirm]").forEach((form) => {
-    form.addEventListener("submit", (event) => {
-      if (!window.confirm(form.dataset.confirm)) event.preventDefault();
-    });
-  });
+});
+
+// Delegated, so that forms inside a refreshed fragment ask too.
+document.addEventListener("submit", (event) => {
+  const form = event.target.closest("form[data-confirm]");
+  if (form && !window.confirm(form.dataset.confirm)) event.preventDefault();
 });
