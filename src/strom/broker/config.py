@@ -284,6 +284,36 @@ _IMPLEMENTED = (
         "offset.metadata.max.bytes", T.INT, 4096, None, "The largest metadata string of a committed offset."
     ),
     _key(
+        "metrics.listener",
+        T.STRING,
+        None,
+        None,
+        "Where the broker serves its metrics in Prometheus' text format: http://host:port (GET "
+        "/metrics); an empty host binds all interfaces, port 0 a free port. Unset: no endpoint.",
+    ),
+    # Consumer lag sampling (strom.broker.metrics.lag), when metrics.listener is set.
+    _key(
+        "metrics.lag.sample.interval.ms",
+        T.LONG,
+        10000,
+        Range(1),
+        "How often the lag of the groups this broker coordinates is sampled for the metrics endpoint.",
+    ),
+    _key(
+        "metrics.lag.max.partitions",
+        T.INT,
+        10000,
+        Range(1),
+        "The most partitions with committed offsets one lag sample covers (groups in name order).",
+    ),
+    _key(
+        "metrics.lag.window.samples",
+        T.INT,
+        10,
+        Range(2),
+        "How many samples of a partition's lag a group's status is judged on (Burrow's window).",
+    ),
+    _key(
         "log.cleaner.enable",
         T.BOOLEAN,
         True,
@@ -754,6 +784,23 @@ def parse_listeners(
     return listeners
 
 
+_METRICS_LISTENER = re.compile(r"http://\[?([0-9a-zA-Z\-%._:]*)\]?:([0-9]+)/?")
+
+
+def parse_metrics_listener(text: str) -> tuple[str, int] | None:
+    """``metrics.listener``'s (host, port); None when unset. An empty host binds all interfaces."""
+    text = text.strip()
+    if not text:
+        return None
+    match = _METRICS_LISTENER.fullmatch(text)
+    if match is None:
+        raise _invalid("metrics.listener", text, "Unable to parse it (expected http://host:port)")
+    port = int(match.group(2))
+    if port > 65535:
+        raise _invalid("metrics.listener", text, f"Port {port} is not in 0..65535")
+    return match.group(1), port
+
+
 # --- the configuration ---
 
 
@@ -904,6 +951,10 @@ class KafkaConfig:
         self.offsets_commit_timeout_ms: int = self._int("offsets.commit.timeout.ms")
         self.offsets_topic_segment_bytes: int = self._int("offsets.topic.segment.bytes")
         self.offset_metadata_max_bytes: int = self._int("offset.metadata.max.bytes")
+        self.metrics_listener: tuple[str, int] | None = parse_metrics_listener(self._str("metrics.listener"))
+        self.metrics_lag_sample_interval_ms: int = self._int("metrics.lag.sample.interval.ms")
+        self.metrics_lag_max_partitions: int = self._int("metrics.lag.max.partitions")
+        self.metrics_lag_window_samples: int = self._int("metrics.lag.window.samples")
 
         self.zookeeper_connect: str | None = self._str("zookeeper.connect") or None
         self.zookeeper_session_timeout_ms: int = self._int("zookeeper.session.timeout.ms")

@@ -12,6 +12,10 @@ one-byte names costs the walk a second, which the event loop must not wait for, 
 produce request is a few steps. So a frame of more than ``WORKER_DECODE_BYTES`` is walked on
 the loop only up to ``INLINE_DECODE_ELEMENTS`` elements, and walked and decoded on a worker
 thread if it holds more (the hop to a thread costs a produce request more than its decoding).
+
+Each request is counted in its API's ``RequestStats`` (strom.broker.metrics.stats): its version and
+size here, the error codes of its response as it is encoded, its times by the connection once the
+response is written. A Fetch response's record bytes count as its topics' bytes out.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from strom.broker.metrics.stats import BrokerTopicStats, RequestStats, count_errors, count_fetch, request_name
 from strom.broker.network import CloseConnection, KafkaConnection, Response
 from strom.protocol.apis import REJECTED_VERSIONS, SUPPORTED_VERSIONS, ApiKey, request_entity, response_module
 from strom.protocol.errors import ErrorCode
@@ -100,6 +105,10 @@ class RequestDispatcher:
     def __init__(self, broker: Broker, handlers: dict[ApiKey, Handler]) -> None:
         self._broker = broker
         self._handlers = handlers
+        # Per API key, its request metrics (read by strom.broker.metrics at scrape time).
+        self.request_stats: dict[int, RequestStats] = {
+            int(key): RequestStats(request_name(key)) for key in SUPPORTED_VERSIONS
+        }
 
     async def handle(self, connection: KafkaConnection, frame: memoryview) -> Response:
         try:
@@ -132,17 +141,47 @@ class RequestDispatcher:
                     )
         except ProtocolError as exc:
             raise CloseConnection(f"malformed {key.name} v{version} request: {exc}") from exc
+        stats = connection.request_stats = self.request_stats[api_key]
+        stats.received(version, len(frame) + 4)
         handler = self._handlers[key]
         response = await handler(RequestContext(header, self._broker, connection), request)
         if response is None:
             return None
         if isinstance(response, DelayedResponse):
-            return asyncio.get_running_loop().create_task(_encode_when_complete(header, response.completion))
+            return asyncio.get_running_loop().create_task(
+                self._encode_when_complete(header, request, stats, response.completion)
+            )
+        return self._encode(header, request, stats, response)
+
+    def _encode(self, header: RequestHeader, request: Any, stats: RequestStats, response: Any) -> list[bytes]:
+        if header.api_key == ApiKey.FETCH:
+            self._count_fetch(header.api_version, request, stats, response)
+        else:
+            count_errors(response, stats.errors)
         return encode_response_parts(header, response)
 
+    def _count_fetch(self, version: int, request: Any, stats: RequestStats, response: Any) -> None:
+        by_id = version >= 13
+        sizes: dict[Any, int] = {}
+        count_fetch(response, by_id, stats.errors, sizes)
+        if not sizes:
+            return
+        topic_stats: BrokerTopicStats = self._broker.replica_manager.topic_stats
+        replica_id = request.replica_state.replica_id if version >= 15 else getattr(request, "replica_id", -1)
+        if replica_id >= 0:  # a follower's fetch: Kafka's ReplicationBytesOutPerSec
+            topic_stats.replication_bytes_out += sum(sizes.values())
+            return
+        image = self._broker.control_plane.image
+        for key, size in sizes.items():
+            if by_id:
+                topic = image.topic_by_id(key)
+                if topic is None:
+                    continue
+                key = topic.name
+            topic_stats.of(key).bytes_out += size
 
-async def _encode_when_complete(
-    header: RequestHeader, completion: Coroutine[Any, Any, Any]
-) -> list[bytes] | None:
-    response = await completion
-    return None if response is None else encode_response_parts(header, response)
+    async def _encode_when_complete(
+        self, header: RequestHeader, request: Any, stats: RequestStats, completion: Coroutine[Any, Any, Any]
+    ) -> list[bytes] | None:
+        response = await completion
+        return None if response is None else self._encode(header, request, stats, response)

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from strom.broker.metrics.stats import delayed_fetch
 from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
 
@@ -255,7 +256,8 @@ class FetchSession:
             return
         change = self._change = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(change, timeout)
+            with delayed_fetch():  # a metric: the wait is the fetch's purgatory (remote) time
+                await asyncio.wait_for(change, timeout)
         except TimeoutError:
             pass
         finally:

@@ -26,6 +26,11 @@ arriving hold the memory, the one let through to finish must arrive at ``MIN_PRO
 in every ``PROGRESS_WINDOW_S``, or lose its connection (see ``RequestMemory``). ``ConnectionQuotas`` enforces
 ``max.connections`` and ``max.connections.per.ip`` (with its overrides) at accept time:
 a connection over a limit is closed at once, the newest one, as KIP-402 does.
+
+Each connection counts itself in its listener's ``ListenerStats`` and times each request for its
+API's ``RequestStats`` (queue, handler, purgatory, response queue, send: Kafka's RequestMetrics);
+a delayed fetch's wait inside the handler is found through ``CURRENT_REQUEST``, set once in the
+connection's task (strom.broker.metrics.stats).
 """
 
 from __future__ import annotations
@@ -37,8 +42,16 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import cast
 
+from strom.broker.metrics.stats import (
+    CURRENT_REQUEST,
+    DelayedOperations,
+    ListenerStats,
+    RequestStats,
+    RequestWait,
+)
 from strom.protocol.framing import FrameDecoder, FrameSizeError
 
 log = logging.getLogger(__name__)
@@ -203,16 +216,49 @@ class NetworkLimits:
     memory: RequestMemory
     quotas: ConnectionQuotas
     connections: set[KafkaConnection] = field(default_factory=set)
+    # Requests waiting in purgatory (a metric; delayed fetches count themselves in).
+    delayed: DelayedOperations = field(default_factory=DelayedOperations)
+
+
+@dataclass(slots=True)
+class _Timing:
+    """A pending response's request times (perf_counter), for its request metrics."""
+
+    stats: RequestStats | None
+    received: float
+    dequeued: float
+    handled: float
+    waited: float  # of the handler's time, in a delayed fetch
+    ready: float  # the response complete: its purgatory wait over
+
+    def completed(self, _: object) -> None:
+        self.ready = perf_counter()
+
+
+# A response waiting behind an earlier one: the size of its request, the response, its times.
+_Pending = tuple[int, Response, _Timing]
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, handle: RequestHandler, limits: NetworkLimits, *, protected: bool = False) -> None:
+    def __init__(
+        self,
+        handle: RequestHandler,
+        limits: NetworkLimits,
+        *,
+        protected: bool = False,
+        listener: ListenerStats | None = None,
+    ) -> None:
         self._handle = handle
         self._protected = protected  # on the inter-broker listener (ConnectionQuotas.admit)
         self._limits = limits
         self._memory = limits.memory
         self._decoder = FrameDecoder(limits.max_request_size)
-        self._queue: deque[memoryview] = deque()
+        # Whole requests and when each became whole (perf_counter: its RequestQueueTimeMs).
+        self._queue: deque[tuple[memoryview, float]] = deque()
+        self._listener = listener
+        # The stats of the request being handled: the dispatcher sets them (None: not counted).
+        self.request_stats: RequestStats | None = None
+        self._wait = RequestWait(limits.delayed)
         self._held = 0  # bytes received and not yet answered, counted in RequestMemory
         self._answerable = 0  # of those, the bytes of whole requests (queued or in flight)
         self._wakeup: asyncio.Event = asyncio.Event()
@@ -224,7 +270,7 @@ class KafkaConnection(asyncio.Protocol):
         self._in_flight: memoryview | None = None
         # Responses behind one that waits in purgatory, in request order (with the size of their
         # request), and the task that writes them as they complete.
-        self._pending: deque[tuple[int, Response]] = deque()
+        self._pending: deque[_Pending] = deque()
         self._pending_writer: asyncio.Task[None] | None = None
         self._pending_room = asyncio.Event()
         self._ip: str | None = None  # set once admitted by the connection quotas
@@ -255,6 +301,9 @@ class KafkaConnection(asyncio.Protocol):
             return
         self._ip = ip
         self._limits.connections.add(self)
+        if self._listener is not None:
+            self._listener.connections += 1
+            self._listener.created += 1
         self._task = asyncio.get_running_loop().create_task(self._process())
 
     def data_received(self, data: bytes) -> None:
@@ -278,7 +327,8 @@ class KafkaConnection(asyncio.Protocol):
             completed = sum(len(frame) + 4 for frame in frames)
             self._answerable += completed
             self._memory.answerable += completed
-            self._queue.extend(frames)
+            now = perf_counter()
+            self._queue.extend((frame, now) for frame in frames)
             self._wakeup.set()
             self._memory.frame_completed(self)
         self.update_reading()
@@ -291,7 +341,7 @@ class KafkaConnection(asyncio.Protocol):
             self._task.cancel()
         if self._pending_writer is not None:
             self._pending_writer.cancel()
-        for _, response in self._pending:
+        for _, response, _ in self._pending:
             if isinstance(response, asyncio.Task):
                 response.cancel()
         self._pending.clear()
@@ -336,23 +386,45 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
 
     async def _process(self) -> None:
+        wait = self._wait
+        CURRENT_REQUEST.set(wait)  # in this task's context only: its delayed fetches add to it
         with self._closed_on_failure():
             while self._transport is not None:
                 if not self._queue:
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                frame = self._in_flight = self._queue.popleft()
+                frame, received = self._queue.popleft()
+                self._in_flight = frame
+                self.request_stats = None
+                wait.seconds = 0.0
+                dequeued = perf_counter()
                 response = await self._handle(self, frame)
+                handled = perf_counter()
+                stats = self.request_stats
                 size = len(frame) + 4
                 if isinstance(response, asyncio.Task) or self._pending:
                     # It waits in purgatory, or is behind one that does: written in order.
                     self._in_flight = None
-                    await self._write_after_pending(size, response)
+                    timing = _Timing(stats, received, dequeued, handled, wait.seconds, handled)
+                    if isinstance(response, asyncio.Task):
+                        response.add_done_callback(timing.completed)
+                    await self._write_after_pending(size, response, timing)
                     continue
                 if response is not None and self._transport is not None:
                     self._transport.writelines(response)
                     await self._can_write.wait()
+                if stats is not None:
+                    stats.responded(
+                        received,
+                        dequeued,
+                        handled,
+                        handled,
+                        handled,
+                        perf_counter(),
+                        wait.seconds,
+                        0 if response is None else sum(map(len, response)),
+                    )
                 self._in_flight = None
                 self._responded(size)
 
@@ -362,10 +434,10 @@ class KafkaConnection(asyncio.Protocol):
         self.last_active = time.monotonic()
         self.update_reading()
 
-    async def _write_after_pending(self, size: int, response: Response) -> None:
+    async def _write_after_pending(self, size: int, response: Response, timing: _Timing) -> None:
         """Queue ``response`` behind the pending ones; while ``queued.max.requests`` wait, the
         connection takes no further request."""
-        self._pending.append((size, response))
+        self._pending.append((size, response, timing))
         if self._pending_writer is None:
             self._pending_writer = asyncio.get_running_loop().create_task(self._write_pending())
         while len(self._pending) >= self._limits.queued_max_requests and self._transport is not None:
@@ -377,12 +449,24 @@ class KafkaConnection(asyncio.Protocol):
         try:
             with self._closed_on_failure():
                 while self._pending and self._transport is not None:
-                    size, response = self._pending[0]
+                    size, response, timing = self._pending[0]
                     if isinstance(response, asyncio.Task):
                         response = await response
+                    write_start = perf_counter()
                     if response is not None and self._transport is not None:
                         self._transport.writelines(response)
                         await self._can_write.wait()
+                    if timing.stats is not None:
+                        timing.stats.responded(
+                            timing.received,
+                            timing.dequeued,
+                            timing.handled,
+                            min(timing.ready, write_start),
+                            write_start,
+                            perf_counter(),
+                            timing.waited,
+                            0 if response is None else sum(map(len, response)),
+                        )
                     self._pending.popleft()
                     self._responded(size)
                     self._pending_room.set()
@@ -416,6 +500,9 @@ class KafkaConnection(asyncio.Protocol):
             self._limits.connections.discard(self)
             self._limits.quotas.release(self._ip)
             self._ip = None
+            if self._listener is not None:
+                self._listener.connections -= 1
+                self._listener.closed += 1
         self._release(self._held, self._answerable)
 
     def idle_since(self, now: float) -> float:

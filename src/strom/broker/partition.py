@@ -162,6 +162,11 @@ class Partition:
         return self.replicated and self.is_leader and self.high_watermark < self.leader_epoch_start_offset
 
     @property
+    def delayed_produces(self) -> int:
+        """acks=all produces waiting for the ISR here (Kafka's Produce purgatory)."""
+        return len(self._produce_waiters)
+
+    @property
     def min_insync_replicas(self) -> int:
         return self.log.config.min_insync_replicas
 

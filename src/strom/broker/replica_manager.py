@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from strom.broker.control_plane.metadata import ClusterLink, PartitionState, TopicState
 from strom.broker.fetch_session import FetchSessionCache
+from strom.broker.metrics.stats import BrokerTopicStats, IsrStats, delayed_fetch
 from strom.broker.partition import NotEnoughReplicasError, Partition, TopicPartition
 from strom.broker.replica_fetcher import ReplicaFetcherManager, ReplicationConfig
 from strom.protocol.errors import ErrorCode
@@ -174,6 +175,9 @@ class ReplicaManager:
         self._last_refusal_logged = -REFUSAL_LOG_INTERVAL_S
         # (log start offset, offline) per partition at the last report_log_start_offsets.
         self._reported_log_states: dict[TopicPartition, tuple[int, bool]] = {}
+        # Metrics: bytes and messages appended per topic, ISR changes of the partitions led here.
+        self.topic_stats = BrokerTopicStats()
+        self.isr_stats = IsrStats()
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -229,6 +233,7 @@ class ReplicaManager:
         )
         if self._topic_ids.get(topic.name) == topic.topic_id:
             del self._topic_ids[topic.name]
+        self.topic_stats.remove(topic.name)
 
     async def stop_partitions(self, tps: list[TopicPartition], delete: bool) -> None:
         """Stop hosting ``tps`` (a deleted topic, or this broker left their replicas), deleting
@@ -467,12 +472,17 @@ class ReplicaManager:
         before its recovery point passes such a record (fsyncing 3,333 of them was most of a
         10,000-partition failover)."""
         now_ms = self._time_ms()
+        # The ISRs of partitions led here already: a change the controller made (a follower died or
+        # shut down) counts as a shrink or expansion too, unlike Kafka, which counts only the
+        # leader's own (an operator sees the under-replication either way).
+        led_before = {partition: partition.isr for partition, _ in batch if partition.is_leader}
         new_epochs: list[tuple[Partition, PartitionState]] = []
         for partition, state in batch:
             if partition.is_leader and partition.leader_epoch == state.leader_epoch:
                 # The same epoch with a newer partition epoch: an ISR change (ours, or the controller's).
                 # Woken even if the HW stays: see _isr_settled.
                 partition.make_leader(state, now_ms)
+                self.isr_stats.changed(led_before[partition], partition.isr)
                 self._wake_fetchers(partition.tp)
             else:
                 new_epochs.append((partition, state))
@@ -519,6 +529,8 @@ class ReplicaManager:
             ):
                 continue  # stopped, or a newer state took over while the epoch was written
             partition.make_leader(state, now_ms)
+            if partition in led_before:
+                self.isr_stats.changed(led_before[partition], partition.isr)
             self._wake_fetchers(tp)
             self._notify_leader(tp, state.leader_epoch)
             led.append(tp.partition)
@@ -617,6 +629,7 @@ class ReplicaManager:
             "ISR changed",
             extra={"partition": str(tp), "isr": written.isr, "partition_epoch": written.partition_epoch},
         )
+        self.isr_stats.changed(partition.isr, written.isr)
         partition.commit_isr(written)
         self._isr_settled(tp)
 
@@ -710,6 +723,11 @@ class ReplicaManager:
         partition = self._partitions.get(tp)
         return partition is not None and partition.offline
 
+    @property
+    def offline_count(self) -> int:
+        """Partitions not hosted because their log dir is offline."""
+        return len(self._offline_partitions)
+
     def _missing_partition_error(self, tp: TopicPartition) -> ErrorCode:
         if tp in self._offline_partitions:
             return ErrorCode.kafka_storage_error
@@ -802,6 +820,10 @@ class ReplicaManager:
                 log_start_offset=info.log_start_offset,
             )
             if not info.duplicate:
+                # Kafka's BytesInPerSec counts the record set as the producer sent it.
+                stats = self.topic_stats.of(tp.topic)
+                stats.bytes_in += len(records)
+                stats.messages_in += info.record_count
                 self._wake_fetchers(tp)
         # On a single node the HW moved with the append itself; in a cluster acks=-1 waits in
         # ``append`` (a delayed produce) until the HW passes each last offset.
@@ -1010,7 +1032,8 @@ class ReplicaManager:
         for tp in tps:
             self._fetch_waiters[tp].append(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout)
+            with delayed_fetch():
+                await asyncio.wait_for(waiter, timeout)
         except TimeoutError:
             pass
         finally:

@@ -44,6 +44,8 @@ from strom.broker.dynamic_config import (
 )
 from strom.broker.fetch_session import FetchSessionCache
 from strom.broker.handlers import HANDLERS
+from strom.broker.metrics.service import BrokerMetrics
+from strom.broker.metrics.stats import ListenerStats, RequestStats
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager, ReplicationConfig
@@ -228,6 +230,11 @@ class BrokerServer:
             ),
         )
         self._connections = self.network.connections
+        # Request and connection metrics, counted whether or not metrics.listener serves them.
+        self.request_stats: dict[int, RequestStats] = self._dispatcher.request_stats
+        self.listener_stats = [ListenerStats(listener.name) for listener in config.client_listeners()]
+        # metrics.listener's registry and endpoint, when it is set (strom.broker.metrics).
+        self.metrics: BrokerMetrics | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_ports: list[int] = []
         self._bound_port_of: dict[str, int] = {}  # listener name -> its bound port
@@ -266,12 +273,16 @@ class BrokerServer:
         self.group_coordinator.startup()
         if self.zk_plane is None:
             self._lead_transaction_log()
+        if self.config.metrics_listener is not None:
+            # Before the Kafka listeners: once a client can connect, the metrics can be scraped.
+            self.metrics = BrokerMetrics(self)
+            await self.metrics.start(*self.config.metrics_listener)
         listeners = self.config.client_listeners()
-        for listener in listeners:
+        for listener, listener_stats in zip(listeners, self.listener_stats, strict=True):
             protected = len(listeners) > 1 and listener.name == self.config.inter_broker_listener_name
             server = await loop.create_server(
-                lambda protected=protected: KafkaConnection(
-                    self._dispatcher.handle, self.network, protected=protected
+                lambda protected=protected, stats=listener_stats: KafkaConnection(
+                    self._dispatcher.handle, self.network, protected=protected, listener=stats
                 ),
                 host=listener.host or None,
                 port=listener.port,
@@ -556,6 +567,9 @@ class BrokerServer:
         self.log_manager.move_aside(log_, reason)
 
     async def stop(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.stop()
+            self.metrics = None
         if self.zk_plane is not None and self._cluster_ready:
             await self._leave_cluster()
         for server in self._servers:

@@ -307,6 +307,16 @@ class LogCleaner:
         self._tombstone_deadlines: weakref.WeakKeyDictionary[UnifiedLog, int] = weakref.WeakKeyDictionary()
         # Logs a round failed on (corrupt data, I/O error): left alone until restart, as in Kafka.
         self._uncleanable: weakref.WeakSet[UnifiedLog] = weakref.WeakSet()
+        # Kafka's LogCleaner metrics: the largest dirty ratio of a compacted log at the last pass,
+        # the longest round of the last pass that cleaned, when a pass last ran (wall ms, 0: never).
+        self.max_dirty_ratio = 0.0
+        self.max_clean_ms = 0
+        self.last_run_ms = 0
+
+    @property
+    def uncleanable_count(self) -> int:
+        """Logs a round failed on, left alone until a restart."""
+        return len(self._uncleanable)
 
     # --- checkpoints ------------------------------------------------------------------
 
@@ -427,14 +437,18 @@ class LogCleaner:
 
     async def clean_logs(self, logs: Iterable[UnifiedLog]) -> list[CleanerStats]:
         """One pass over ``logs``: clean every due log, dirtiest first (call on the event loop)."""
-        now = self._time_ms()
-        due = [c for log_ in logs if (c := self.log_to_clean(log_, now)) is not None and c.due]
+        now = self.last_run_ms = self._time_ms()
+        candidates = [c for log_ in logs if (c := self.log_to_clean(log_, now)) is not None]
+        self.max_dirty_ratio = max((c.cleanable_ratio for c in candidates), default=0.0)
+        due = [c for c in candidates if c.due]
         due.sort(key=lambda c: c.cleanable_ratio, reverse=True)
         cleaned = []
         for candidate in due:
             stats = await self._clean_log_async(candidate.log)
             if stats is not None:
                 cleaned.append(stats)
+        if cleaned:  # as Kafka's max-clean-time-secs: the last pass that cleaned something
+            self.max_clean_ms = max(stats.ms for stats in cleaned)
         return cleaned
 
     async def _clean_log_async(self, log_: UnifiedLog) -> CleanerStats | None:
