@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How stale the process metrics may be (seconds): Prometheus' scrape interval is usually longer.
+PROCESS_REFRESH_S = 5.0
+
 
 class _One(Collector):
     """One metric family, in the shape ``generate_latest`` reads."""
@@ -50,8 +54,12 @@ class BrokerMetrics:
         self._server = server
         self.registry = CollectorRegistry(auto_describe=False)
         # prometheus_client's process (RSS, CPU seconds, open fds) and GC collectors, written as one
-        # step (listing 20,000 open fds takes 8 ms; on a worker thread it cost more: see ``scrape``).
+        # step and at most every PROCESS_REFRESH_S: counting the open fds lists /proc/self/fd, some
+        # 2 ms at a few thousand (8 ms at 20,000), which a scrape every second would add to the
+        # loop each time (on a worker thread it cost more: see ``scrape``).
         self._process = CollectorRegistry(auto_describe=False)
+        self._process_text = b""
+        self._process_written = -PROCESS_REFRESH_S
         ProcessCollector(registry=self._process)
         GCCollector(registry=self._process)
         self.loop_lag = EventLoopLag()
@@ -76,6 +84,13 @@ class BrokerMetrics:
             extra={"url": f"http://{host or self.address[0]}:{self.address[1]}/metrics"},
         )
         return self.address
+
+    def _process_metrics(self) -> bytes:
+        now = time.monotonic()
+        if now - self._process_written >= PROCESS_REFRESH_S:
+            self._process_text = generate_latest(self._process)
+            self._process_written = now
+        return self._process_text
 
     async def stop(self) -> None:
         await self._endpoint.stop()
@@ -105,7 +120,7 @@ class BrokerMetrics:
             rows, aggregates = await partition_families(self._server)
             parts.extend(generate_latest(_One(family)) for family in aggregates)
             parts.append(await log_gauges_text(rows))
-            parts.append(generate_latest(self._process))
+            parts.append(self._process_metrics())
             return b"".join(parts)
         finally:
             if collecting:
