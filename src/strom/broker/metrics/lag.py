@@ -103,7 +103,8 @@ log = logging.getLogger(__name__)
 # The group of a pipeline stage, as strom.spark.pipeline.group_id names it (pipeline and stage
 # names have no dots).
 PIPELINE_GROUP = re.compile(r"strom-spark-([A-Za-z0-9][A-Za-z0-9_-]*)\.([A-Za-z0-9][A-Za-z0-9_-]*)")
-_YIELD_EVERY = 500
+# Partitions handled between two turns of the event loop (about a millisecond of work).
+_YIELD_EVERY = 100
 REMOTE_TIMEOUT_S = 5.0
 LIST_OFFSETS_VERSIONS = (1, 8)  # v1 brings replica_id; v8 is the newest this request fills
 LATEST_TIMESTAMP = -1
