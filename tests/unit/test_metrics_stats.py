@@ -26,8 +26,10 @@ from strom.broker.metrics.stats import (
     request_name,
 )
 from strom.broker.network import ConnectionQuotas, KafkaConnection, NetworkLimits, RequestMemory
+from strom.broker.slices import SLICE_SIZE, ArrayBuilder
 from strom.protocol.apis import ApiKey, response_module
 from strom.protocol.errors import ErrorCode
+from strom.protocol.framing import EncodedArray
 from strom.protocol.messages import build
 
 
@@ -209,3 +211,67 @@ def test_request_metrics_format_as_prometheus_text() -> None:
     assert 399 < samples[(remote + "_sum", (("request", "Fetch"),))] < 401
     assert samples[("strom_network_requestmetrics_responsebytes_sum", (("request", "Fetch"),))] == 2048
     assert "Metadata" not in text
+
+
+def test_counts_of_a_response_encoded_in_slices() -> None:
+    """A response array larger than a slice is encoded as it is built (strom.broker.slices): its
+    error codes and record bytes are tallied then, and counted as if it were walked."""
+    r = response_module(ApiKey.FETCH, 13)
+
+    def data(index: int) -> object:
+        return build(
+            r.PartitionData,
+            partition_index=index,
+            error_code=ErrorCode.not_leader_or_follower if index % 100 == 0 else ErrorCode.none,
+            high_watermark=0,
+            last_stable_offset=0,
+            log_start_offset=0,
+            aborted_transactions=None,
+            records=b"" if index % 100 == 0 else b"r" * 10,
+        )
+
+    async def built(element_type: type, elements: list[object]) -> object:
+        builder = ArrayBuilder(element_type)
+        for element in elements:
+            await builder.add(element)
+        return builder.value()
+
+    wide = uuid.uuid4()
+    partitions = asyncio.run(built(r.PartitionData, [data(i) for i in range(SLICE_SIZE + 500)]))
+    assert isinstance(partitions, EncodedArray)
+    many = [uuid.uuid4() for _ in range(SLICE_SIZE + 1)]
+    topics = [build(r.FetchableTopicResponse, topic_id=wide, partitions=partitions)]
+    topics += [build(r.FetchableTopicResponse, topic_id=t, partitions=(data(1),)) for t in many]
+    response = build(
+        r.FetchResponse,
+        error_code=ErrorCode.none,
+        session_id=0,
+        responses=asyncio.run(built(r.FetchableTopicResponse, topics)),
+    )
+    errors: dict[int, int] = {}
+    sizes: dict[object, int] = {}
+    count_fetch(response, True, errors, sizes)
+    assert errors == {ErrorCode.not_leader_or_follower: (SLICE_SIZE + 500) // 100}
+    assert sizes[wide] == 10 * (SLICE_SIZE + 500 - (SLICE_SIZE + 500) // 100)
+    assert all(sizes[t] == 10 for t in many) and len(sizes) == len(many) + 1
+
+    described = response_module(ApiKey.DESCRIBE_GROUPS, 5)
+    groups = [
+        build(
+            described.DescribedGroup,
+            error_code=ErrorCode.coordinator_not_available if i % 2 else ErrorCode.none,
+            group_id=f"g{i}",
+            group_state="",
+            protocol_type="",
+            protocol_data="",
+            members=(),
+            authorized_operations=-2147483648,
+        )
+        for i in range(SLICE_SIZE + 2)
+    ]
+    group_errors: dict[int, int] = {}
+    count_errors(
+        build(described.DescribeGroupsResponse, groups=asyncio.run(built(described.DescribedGroup, groups))),
+        group_errors,
+    )
+    assert group_errors == {ErrorCode.coordinator_not_available: (SLICE_SIZE + 2) // 2}

@@ -6,6 +6,8 @@ request handler threads while the others go on; Strom's handlers run on the even
 they walk such lists ``SLICE_SIZE`` elements at a time and give the loop a turn in between
 (``sliced``), and build a large response array the same way (``ArrayBuilder``): each full
 slice is encoded at once and its entities dropped, so memory is that of the response bytes.
+What the request metrics count in a response (error codes, record bytes) is tallied from each
+slice before it is encoded.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, TypeVar
 
+from strom.broker.metrics.stats import ResponseTally
 from strom.protocol.framing import EncodedArray, encode_elements
 
 # Elements handled between two turns of the event loop: about 10 ms of a handler's work.
@@ -43,6 +46,7 @@ class ArrayBuilder:
         self._pending: list[Any] = []
         self._encoded: list[bytes] = []
         self._count = 0
+        self._tally = ResponseTally()
 
     async def add(self, element: Any) -> None:
         self._pending.append(element)
@@ -51,6 +55,7 @@ class ArrayBuilder:
             await asyncio.sleep(0)
 
     def _flush(self) -> None:
+        self._tally.add(self._pending)
         self._encoded.append(encode_elements(self._element_type, self._pending))
         self._count += len(self._pending)
         self._pending = []
@@ -61,4 +66,4 @@ class ArrayBuilder:
         self._flush()
         data = b"".join(self._encoded)
         self._encoded = []
-        return EncodedArray(self._count, data)
+        return EncodedArray(self._count, data, self._tally)

@@ -207,14 +207,17 @@ class EncodedArray(Sequence[Any]):
     handler builds and encodes it a slice at a time instead, letting the event loop serve other
     clients in between, and holds only the bytes. kio's array writer takes the count from
     ``len`` and then iterates: iterating writes the bytes into the frame being encoded.
-    Only ``encode_response`` can write one.
+    Only ``encode_response`` can write one. ``tally`` is what a reader of the response wants to
+    know of the elements, taken while they were entities (the broker's metrics: error codes and
+    record bytes), since their bytes are not read again.
     """
 
-    __slots__ = ("_count", "_data")
+    __slots__ = ("_count", "_data", "tally")
 
-    def __init__(self, count: int, data: bytes) -> None:
+    def __init__(self, count: int, data: bytes, tally: Any = None) -> None:
         self._count = count
         self._data = data
+        self.tally = tally
 
     def __len__(self) -> int:
         return self._count

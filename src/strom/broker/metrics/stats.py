@@ -14,11 +14,13 @@ import contextlib
 from bisect import bisect_left
 from collections.abc import Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
 from strom.protocol.apis import ApiKey
 from strom.protocol.errors import ErrorCode
+from strom.protocol.framing import EncodedArray
 
 # Request latencies in milliseconds, as Kafka's RequestMetrics beans (TotalTimeMs, ...) are named.
 LATENCY_MS_BUCKETS: tuple[float, ...] = (
@@ -264,13 +266,13 @@ def _plan(cls: type) -> _Plan:
         return plan
     errors: list[str] = []
     children: list[tuple[str, bool]] = []
-    for field in cls.__dataclass_fields__.values():  # type: ignore[attr-defined]
-        if field.type is ErrorCode:
-            errors.append(field.name)
+    for entity_field in cls.__dataclass_fields__.values():  # type: ignore[attr-defined]
+        if entity_field.type is ErrorCode:
+            errors.append(entity_field.name)
             continue
-        entity, many = _entity_of(field.type)
+        entity, many = _entity_of(entity_field.type)
         if entity is not None and entity is not cls and _has_errors(entity):
-            children.append((field.name, many))
+            children.append((entity_field.name, many))
     plan = _PLANS[cls] = (tuple(errors), tuple(children))
     return plan
 
@@ -292,12 +294,56 @@ def count_errors(response: Any, errors: dict[int, int]) -> None:
         value = getattr(response, name)
         if value is None:
             continue
-        if many:
+        if isinstance(value, EncodedArray):
+            _merge(errors, value.tally.errors)
+        elif many:
             for item in value:
                 count_errors(item, errors)
         else:
             count_errors(value, errors)
 
+
+_HOLDS_RECORDS: dict[type, bool] = {}
+
+
+def _holds_records(cls: type) -> bool:
+    """Whether ``cls`` has an array of ``partitions`` with records: a Fetch response's topic."""
+    found = _HOLDS_RECORDS.get(cls)
+    if found is None:
+        fields = getattr(cls, "__dataclass_fields__", {})
+        entity = _entity_of(fields["partitions"].type)[0] if "partitions" in fields else None
+        found = _HOLDS_RECORDS[cls] = entity is not None and "records" in getattr(
+            entity, "__dataclass_fields__", {}
+        )
+    return found
+
+
+def _merge(into: dict[Any, int], counts: dict[Any, int]) -> None:
+    for key, count in counts.items():
+        into[key] = into.get(key, 0) + count
+
+
+@dataclass(slots=True)
+class ResponseTally:
+    """The error codes and record bytes of response elements encoded ahead of the response (an
+    EncodedArray's, strom.broker.slices), for ``count_errors`` and ``count_fetch``."""
+
+    errors: dict[int, int] = field(default_factory=dict)
+    # Fetch record bytes by topic (name or id, as the response keys its topics); partitions'
+    # bytes under None: their topic is the element holding the array.
+    record_bytes: dict[Any, int] = field(default_factory=dict)
+
+    def add(self, elements: list[Any]) -> None:
+        for element in elements:
+            count_errors(element, self.errors)
+            records = getattr(element, "records", None)
+            if records:  # a Fetch PartitionData
+                self.record_bytes[None] = self.record_bytes.get(None, 0) + len(records)
+            elif _holds_records(type(element)):  # a Fetch FetchableTopicResponse
+                size = _partition_bytes(element.partitions, self.errors, count_codes=False)
+                if size:
+                    key = element.topic_id if hasattr(element, "topic_id") else element.topic
+                    self.record_bytes[key] = self.record_bytes.get(key, 0) + size
 
 def count_fetch(response: Any, by_id: bool, errors: dict[int, int], bytes_out: dict[Any, int]) -> None:
     """A Fetch response's error codes, and its record bytes per topic (keyed by topic id when
@@ -305,15 +351,32 @@ def count_fetch(response: Any, by_id: bool, errors: dict[int, int], bytes_out: d
     code = getattr(response, "error_code", 0)  # from v7
     if code:
         errors[code] = errors.get(code, 0) + 1
-    for topic in response.responses:
-        size = 0
-        for partition in topic.partitions:
-            code = partition.error_code
-            if code:
-                errors[code] = errors.get(code, 0) + 1
-            records = partition.records
-            if records:
-                size += len(records)
+    topics = response.responses
+    if isinstance(topics, EncodedArray):
+        _merge(errors, topics.tally.errors)
+        _merge(bytes_out, topics.tally.record_bytes)
+        return
+    for topic in topics:
+        size = _partition_bytes(topic.partitions, errors, count_codes=True)
         if size:
             key = topic.topic_id if by_id else topic.topic
             bytes_out[key] = bytes_out.get(key, 0) + size
+
+
+def _partition_bytes(partitions: Any, errors: dict[int, int], *, count_codes: bool) -> int:
+    """The record bytes of a Fetch topic's partitions; their error codes added to ``errors`` when
+    ``count_codes`` (a tally has counted them already)."""
+    if isinstance(partitions, EncodedArray):
+        if count_codes:
+            _merge(errors, partitions.tally.errors)
+        return int(partitions.tally.record_bytes.get(None, 0))
+    size = 0
+    for partition in partitions:
+        if count_codes:
+            code = partition.error_code
+            if code:
+                errors[code] = errors.get(code, 0) + 1
+        records = partition.records
+        if records:
+            size += len(records)
+    return size
