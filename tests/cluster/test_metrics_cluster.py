@@ -4,15 +4,11 @@ to 0. Three brokers, each with metrics.listener set, scraped over HTTP."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from brokerproc import free_port
 from cluster_harness import Cluster, broker_host
+from metrics_scrape import Metrics
 
 pytestmark = pytest.mark.cluster
 
@@ -22,32 +18,7 @@ CLUSTER = {
         n: {"metrics.listener": f"http://{broker_host(n)}:{port}"} for n, port in METRICS_PORTS.items()
     }
 }
-DEADLINE = 30.0
-
-
-def scrape(broker_id: int) -> dict[str, float]:
-    """The broker's unlabelled samples by name."""
-    response = httpx.get(f"http://{broker_host(broker_id)}:{METRICS_PORTS[broker_id]}/metrics", timeout=10)
-    response.raise_for_status()
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-        if not sample.labels
-    }
-
-
-def until(broker_id: int, check: Callable[[dict[str, float]], bool], what: str) -> dict[str, float]:
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        current = scrape(broker_id)
-        if check(current):
-            return current
-        if time.monotonic() > deadline:
-            shown = {name: value for name, value in current.items() if "replicamanager" in name}
-            pytest.fail(f"not within {DEADLINE:g} s on broker {broker_id}: {what} ({shown})")
-        time.sleep(0.2)
-
+METRICS = {n: Metrics(f"http://{broker_host(n)}:{port}/metrics") for n, port in METRICS_PORTS.items()}
 
 URP = "kafka_server_replicamanager_underreplicatedpartitions"
 SHRINKS = "kafka_server_replicamanager_isrshrinks_total"
@@ -61,11 +32,20 @@ def test_a_stopped_follower_shows_as_under_replication_until_it_rejoins(cluster:
     leader = cluster.wait_for_leader(topic, 0).leader
     controller = cluster.controller_id()
     follower = next(n for n in (3, 2, 1) if n not in (leader, controller))
-    before = until(leader, lambda s: s[URP] == 0, "a full ISR everywhere")
-    assert before["kafka_server_replicamanager_leadercount"] >= 1
+    metrics = METRICS[leader]
+    before = metrics.until(lambda s: s.get(URP) == 0, "a full ISR everywhere", show="replicamanager")
+    assert before.get_or_zero("kafka_server_replicamanager_leadercount") >= 1
     assert cluster.stop_broker(follower) == 0
-    shrunk = until(leader, lambda s: s[URP] >= 1 and s[SHRINKS] > before[SHRINKS], "URP and a shrink")
+    shrunk = metrics.until(
+        lambda s: s.get_or_zero(URP) >= 1 and s.get_or_zero(SHRINKS) > before.get_or_zero(SHRINKS),
+        "URP and a shrink",
+        show="replicamanager",
+    )
     assert follower not in (cluster.partition_state(topic, 0) or pytest.fail("no state")).isr
     cluster.start_broker(follower)
     cluster.wait_for_full_isr(topic, [0])
-    until(leader, lambda s: s[URP] == 0 and s[EXPANDS] > shrunk[EXPANDS], "URP 0 and an expansion")
+    metrics.until(
+        lambda s: s.get(URP) == 0 and s.get_or_zero(EXPANDS) > shrunk.get_or_zero(EXPANDS),
+        "URP 0 and an expansion",
+        show="replicamanager",
+    )

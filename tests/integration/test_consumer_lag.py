@@ -9,18 +9,16 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import cast
 
-import httpx
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
 from brokerproc import HOST, BrokerProcess, free_port
+from metrics_scrape import STATUSES, Metrics
 from strom.broker.broker import Broker
 from strom.broker.metrics.lag import RemoteHighWatermarks
 from strom.broker.partition import TopicPartition as BrokerTopicPartition
@@ -37,51 +35,9 @@ BROKER_CONFIG = {
     "group.initial.rebalance.delay.ms": "0",
     "offset.metadata.max.bytes": "512",
 }
-STATUSES = ("OK", "WARNING", "STALLED", "STOPPED", "ERROR")
 DEADLINE = 30.0  # seconds a poll waits for a sample to show what the test did
-
-
-@dataclass(frozen=True)
-class Scrape:
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-    def get(self, name: str, **labels: str | int) -> float | None:
-        key = (name, frozenset((k, str(v)) for k, v in labels.items()))
-        return self.samples.get(key)
-
-    def status(self, group: str, pipeline: str = "", stage: str = "") -> str | None:
-        """The one status whose gauge is 1 (None if the group is not exported)."""
-        values = {
-            s: self.get("strom_consumergroup_status", group=group, pipeline=pipeline, stage=stage, status=s)
-            for s in STATUSES
-        }
-        if any(v is None for v in values.values()):
-            return None
-        current = [s for s, v in values.items() if v == 1.0]
-        assert len(current) == 1 and sum(v or 0 for v in values.values()) == 1.0, values
-        return current[0]
-
-
-def scrape() -> Scrape:
-    response = httpx.get(f"http://{HOST}:{METRICS_PORT}/metrics", timeout=10)
-    response.raise_for_status()
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return Scrape(samples)
-
-
-def until(check: Callable[[Scrape], bool], what: str) -> Scrape:
-    """Scrape until ``check`` holds (a new lag sample comes every 200 ms)."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        current = scrape()
-        if check(current):
-            return current
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {DEADLINE:g} s: {what}")
-        time.sleep(0.1)
+# A new lag sample comes every 200 ms.
+METRICS = Metrics(f"http://{HOST}:{METRICS_PORT}/metrics", deadline=DEADLINE)
 
 
 def lag_labels(group: str, topic: str, partition: int = 0) -> dict[str, str | int]:
@@ -131,7 +87,7 @@ def test_lag_in_records_and_seconds_and_a_stopped_group(broker: BrokerProcess, a
     standalone_commit(broker.bootstrap, group, topic, committed)
 
     labels = lag_labels(group, topic)
-    current = until(
+    current = METRICS.until(
         lambda s: s.get("kafka_consumergroup_group_lag", **labels) == total - committed, "lag == N - k"
     )
     scraped_at = time.time()
@@ -153,11 +109,13 @@ def test_lag_in_records_and_seconds_and_a_stopped_group(broker: BrokerProcess, a
     assert current.get("kafka_consumergroup_group_max_lag_seconds", group=group, pipeline="", stage="") == age
 
     # No members, no commits for longer than the window (4 samples, 0.6 s), lag above 0.
-    until(lambda s: s.status(group) == "STOPPED", "a group without members or commits, lagging, is STOPPED")
+    METRICS.until(
+        lambda s: s.status(group) == "STOPPED", "a group without members or commits, lagging, is STOPPED"
+    )
 
     # Caught up: the lag and its age are 0, the status OK at once.
     standalone_commit(broker.bootstrap, group, topic, total)
-    current = until(
+    current = METRICS.until(
         lambda s: s.get("kafka_consumergroup_group_lag", **labels) == 0, "lag 0 after committing the end"
     )
     assert current.get("kafka_consumergroup_group_lag_seconds", **labels) == 0
@@ -165,7 +123,7 @@ def test_lag_in_records_and_seconds_and_a_stopped_group(broker: BrokerProcess, a
 
     # A committed offset beyond the log end is an error.
     standalone_commit(broker.bootstrap, group, topic, total + 10)
-    until(lambda s: s.status(group) == "ERROR", "an offset beyond the log end is ERROR")
+    METRICS.until(lambda s: s.status(group) == "ERROR", "an offset beyond the log end is ERROR")
 
 
 def test_a_group_runs_stalls_resumes_and_stops(broker: BrokerProcess, admin: AdminClient) -> None:
@@ -198,10 +156,12 @@ def test_a_group_runs_stalls_resumes_and_stops(broker: BrokerProcess, admin: Adm
         # The lag goes to zero as the consumer runs: half-way first, then all of it.
         consume(100)
         consumer.commit(offsets=[KafkaTopicPartition(topic, 0, 50)], asynchronous=False)
-        current = until(lambda s: s.get("kafka_consumergroup_group_lag", **labels) == 50, "lag 50 half-way")
+        current = METRICS.until(
+            lambda s: s.get("kafka_consumergroup_group_lag", **labels) == 50, "lag 50 half-way"
+        )
         assert current.get("kafka_consumergroup_group_offset", **labels) == 50
         consumer.commit(asynchronous=False)
-        current = until(
+        current = METRICS.until(
             lambda s: s.get("kafka_consumergroup_group_lag", **labels) == 0, "lag 0 once consumed"
         )
         assert current.get("kafka_consumergroup_group_offset", **labels) == 100
@@ -210,14 +170,16 @@ def test_a_group_runs_stalls_resumes_and_stops(broker: BrokerProcess, admin: Adm
         # A member that stops consuming while records arrive: its offset stands still with lag.
         consumer.pause(consumer.assignment())
         produce(broker.bootstrap, topic, 30, start=100)
-        current = until(lambda s: s.status(group) == "STALLED", "a member making no progress is STALLED")
+        current = METRICS.until(
+            lambda s: s.status(group) == "STALLED", "a member making no progress is STALLED"
+        )
         assert current.get("kafka_consumergroup_group_lag", **labels) == 30
 
         # It resumes: caught up, OK.
         consumer.resume(consumer.assignment())
         consume(130)
         consumer.commit(asynchronous=False)
-        until(
+        METRICS.until(
             lambda s: s.status(group) == "OK" and s.get("kafka_consumergroup_group_lag", **labels) == 0,
             "OK again",
         )
@@ -226,7 +188,7 @@ def test_a_group_runs_stalls_resumes_and_stops(broker: BrokerProcess, admin: Adm
 
     # Records arrive after the group left: STOPPED once its last commit is older than the window.
     produce(broker.bootstrap, topic, 10, start=130)
-    current = until(lambda s: s.status(group) == "STOPPED", "a group that left, lagging, is STOPPED")
+    current = METRICS.until(lambda s: s.status(group) == "STOPPED", "a group that left, lagging, is STOPPED")
     assert current.get("kafka_consumergroup_group_lag", **labels) == 10
 
 
@@ -258,7 +220,7 @@ def test_a_pipeline_stage_group_is_labelled_and_carries_its_progress(
     admin.alter_consumer_group_offsets(named, {TopicPartition(source, 0): OffsetAndMetadata(40, "not ours")})
 
     stage = {"pipeline": "clickstream", "stage": "sessionize"}
-    current = until(
+    current = METRICS.until(
         lambda s: (
             s.get("kafka_consumergroup_group_lag", group=group, topic=source, partition=0, **stage) == 15
             and s.get(

@@ -11,18 +11,16 @@ import json
 import re
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from confluent_kafka import Consumer
 from kio.schema.errors import ErrorCode
-from prometheus_client.parser import text_string_to_metric_families
 
 from brokerproc import HOST, BrokerProcess, free_port
 from kafka_wire import EARLIEST, LATEST, KafkaWire
+from metrics_scrape import Metrics
 from strom.records.codec import RecordSpec, encode_batch
 
 METRICS_PORT = free_port()
@@ -33,50 +31,7 @@ BROKER_CONFIG = {
 URL = f"http://{HOST}:{METRICS_PORT}/metrics"
 pytestmark = pytest.mark.usefixtures("broker")  # the module's broker serves URL
 DEADLINE = 30.0
-
-
-@dataclass(frozen=True)
-class Scrape:
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-    def get(self, name: str, **labels: str | int) -> float:
-        """The sample's value; 0 for a series not exported yet (a counter that never moved)."""
-        return self.samples.get((name, frozenset((k, str(v)) for k, v in labels.items())), 0.0)
-
-    def has(self, name: str) -> bool:
-        return any(sample == name for sample, _ in self.samples)
-
-    def buckets(self, name: str, **labels: str) -> list[tuple[float, float]]:
-        """A histogram's (le, cumulative count) pairs, in le order."""
-        wanted = {(k, v) for k, v in labels.items()}
-        found = [
-            (float(dict(key)["le"]), value)
-            for (sample, key), value in self.samples.items()
-            if sample == name + "_bucket" and wanted <= key and len(key) == len(wanted) + 1
-        ]
-        return sorted(found)
-
-
-def scrape() -> Scrape:
-    response = httpx.get(URL, timeout=10)
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return Scrape(samples)
-
-
-def until(check: Callable[[Scrape], bool], what: str) -> Scrape:
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        current = scrape()
-        if check(current):
-            return current
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {DEADLINE:g} s: {what}")
-        time.sleep(0.1)
+METRICS = Metrics(URL, deadline=DEADLINE)
 
 
 def batch(count: int, size: int) -> bytes:
@@ -87,34 +42,35 @@ def test_produce_counts_the_batch_bytes_and_records_appended(broker: BrokerProce
     topic = "metrics-produce"
     with KafkaWire.connect(broker.bootstrap) as wire:
         assert wire.create_topic(topic) == ErrorCode.none
-        before = scrape()
+        before = METRICS.scrape()
         batches = [batch(1, 10), batch(5, 100), batch(20, 7)]
         for records in batches:
             wire.produce_ok(topic, records)
         log_end = wire.list_offset(topic, LATEST)
         log_start = wire.list_offset(topic, EARLIEST)
-    after = scrape()
+    after = METRICS.scrape()
     # Kafka counts the record set appended, as the producer sent it (no recompression here).
     appended = sum(len(b) for b in batches)
     bytes_in = "kafka_server_brokertopicmetrics_bytesin_total"
-    assert after.get(bytes_in, topic=topic) - before.get(bytes_in, topic=topic) == appended
+    assert after.get_or_zero(bytes_in, topic=topic) - before.get_or_zero(bytes_in, topic=topic) == appended
     messages_in = "kafka_server_brokertopicmetrics_messagesin_total"
-    assert after.get(messages_in, topic=topic) - before.get(messages_in, topic=topic) == 26
+    assert after.get_or_zero(messages_in, topic=topic) - before.get_or_zero(messages_in, topic=topic) == 26
     produced = "kafka_network_requestmetrics_requests_total"
     assert (
-        after.get(produced, request="Produce", version=9) - before.get(produced, request="Produce", version=9)
+        after.get_or_zero(produced, request="Produce", version=9)
+        - before.get_or_zero(produced, request="Produce", version=9)
         == 3
     )
     # The log's gauges say what ListOffsets says; its size is the batches, one segment.
     partition = {"topic": topic, "partition": 0}
-    assert after.get("kafka_log_log_logendoffset", **partition) == log_end == 26
-    assert after.get("kafka_log_log_logstartoffset", **partition) == log_start == 0
-    assert after.get("kafka_log_log_size", **partition) == appended
-    assert after.get("kafka_log_log_numlogsegments", **partition) == 1
-    assert after.get("kafka_server_replicamanager_leadercount") >= 1
-    assert after.get("kafka_server_replicamanager_partitioncount") >= 1
-    assert after.get("kafka_server_replicamanager_underreplicatedpartitions") == 0
-    assert after.get("kafka_controller_kafkacontroller_activecontrollercount") == 1
+    assert after.get_or_zero("kafka_log_log_logendoffset", **partition) == log_end == 26
+    assert after.get_or_zero("kafka_log_log_logstartoffset", **partition) == log_start == 0
+    assert after.get_or_zero("kafka_log_log_size", **partition) == appended
+    assert after.get_or_zero("kafka_log_log_numlogsegments", **partition) == 1
+    assert after.get_or_zero("kafka_server_replicamanager_leadercount") >= 1
+    assert after.get_or_zero("kafka_server_replicamanager_partitioncount") >= 1
+    assert after.get_or_zero("kafka_server_replicamanager_underreplicatedpartitions") == 0
+    assert after.get_or_zero("kafka_controller_kafkacontroller_activecontrollercount") == 1
 
 
 def test_request_histograms_have_observations(broker: BrokerProcess) -> None:
@@ -122,7 +78,7 @@ def test_request_histograms_have_observations(broker: BrokerProcess) -> None:
     with KafkaWire.connect(broker.bootstrap) as wire:
         assert wire.create_topic(topic) == ErrorCode.none
         wire.produce_ok(topic, batch(3, 50))
-    current = scrape()
+    current = METRICS.scrape()
     for name in (
         "totaltimems",
         "requestqueuetimems",
@@ -133,15 +89,15 @@ def test_request_histograms_have_observations(broker: BrokerProcess) -> None:
         "requestbytes",
     ):
         family = f"kafka_network_requestmetrics_{name}"
-        count = current.get(family + "_count", request="Produce")
+        count = current.get_or_zero(family + "_count", request="Produce")
         assert count >= 1, family
         buckets = current.buckets(family, request="Produce")
         assert buckets[-1] == (float("inf"), count), family
         assert [c for _, c in buckets] == sorted(c for _, c in buckets), family  # cumulative
     for family in ("kafka_network_requestmetrics_totaltimems", "kafka_network_requestmetrics_localtimems"):
-        assert current.get(family + "_sum", request="Produce") > 0
-    assert current.get("kafka_network_requestmetrics_requestbytes_sum", request="Produce") > 0
-    assert current.get("strom_network_requestmetrics_responsebytes_sum", request="Produce") > 0
+        assert current.get_or_zero(family + "_sum", request="Produce") > 0
+    assert current.get_or_zero("kafka_network_requestmetrics_requestbytes_sum", request="Produce") > 0
+    assert current.get_or_zero("strom_network_requestmetrics_responsebytes_sum", request="Produce") > 0
 
 
 def test_fetch_counts_bytes_out_and_its_long_poll_as_remote_time(broker: BrokerProcess) -> None:
@@ -150,23 +106,26 @@ def test_fetch_counts_bytes_out_and_its_long_poll_as_remote_time(broker: BrokerP
         assert wire.create_topic(topic) == ErrorCode.none
         wire.produce_ok(topic, batch(4, 30))
         wire.produce_ok(topic, batch(2, 300))
-        before = scrape()
+        before = METRICS.scrape()
         data = wire.fetch(topic, 0)
         assert data.error_code == ErrorCode.none
         # At the log end a fetch waits max_wait for data: purgatory, Kafka's RemoteTimeMs.
         empty = wire.fetch(topic, 6, max_wait_ms=300)
         assert not empty.records
-    after = scrape()
+    after = METRICS.scrape()
     bytes_out = "kafka_server_brokertopicmetrics_bytesout_total"
-    assert after.get(bytes_out, topic=topic) - before.get(bytes_out, topic=topic) == len(data.records)
-    assert len(data.records) == after.get("kafka_log_log_size", topic=topic, partition=0)
+    assert after.get_or_zero(bytes_out, topic=topic) - before.get_or_zero(bytes_out, topic=topic) == len(
+        data.records
+    )
+    assert len(data.records) == after.get_or_zero("kafka_log_log_size", topic=topic, partition=0)
     requests = "kafka_network_requestmetrics_requests_total"
     assert (
-        after.get(requests, request="Fetch", version=12) - before.get(requests, request="Fetch", version=12)
+        after.get_or_zero(requests, request="Fetch", version=12)
+        - before.get_or_zero(requests, request="Fetch", version=12)
         == 2
     )
     remote = "kafka_network_requestmetrics_remotetimems_sum"
-    assert after.get(remote, request="Fetch") - before.get(remote, request="Fetch") >= 250
+    assert after.get_or_zero(remote, request="Fetch") - before.get_or_zero(remote, request="Fetch") >= 250
 
 
 def test_errors_are_counted_by_api_and_name(broker: BrokerProcess) -> None:
@@ -175,15 +134,15 @@ def test_errors_are_counted_by_api_and_name(broker: BrokerProcess) -> None:
     labels = {"request": "Produce", "error": "UNKNOWN_TOPIC_OR_PARTITION"}
     with KafkaWire.connect(broker.bootstrap) as wire:
         assert wire.create_topic(topic) == ErrorCode.none
-        before = scrape()
+        before = METRICS.scrape()
         assert (
             wire.produce(topic, batch(1, 1), partition=7).error_code == ErrorCode.unknown_topic_or_partition
         )
         assert (
             wire.produce(topic, batch(1, 1), partition=8).error_code == ErrorCode.unknown_topic_or_partition
         )
-    after = scrape()
-    assert after.get(errors, **labels) - before.get(errors, **labels) == 2
+    after = METRICS.scrape()
+    assert after.get_or_zero(errors, **labels) - before.get_or_zero(errors, **labels) == 2
     # Successful answers are not errors.
     assert not any(dict(key).get("error") == "NONE" for name, key in after.samples if name == errors)
 
@@ -191,14 +150,20 @@ def test_errors_are_counted_by_api_and_name(broker: BrokerProcess) -> None:
 def test_connections_per_listener(broker: BrokerProcess) -> None:
     count = "kafka_server_socket_server_metrics_connection_count"
     created = "kafka_server_socket_server_metrics_connection_creation_total"
-    before = scrape()
+    before = METRICS.scrape()
     with KafkaWire.connect(broker.bootstrap) as wire:
         wire.metadata()  # the broker has accepted it
-        during = scrape()
-        assert during.get(count, listener="PLAINTEXT") >= 1
-        assert during.get(created, listener="PLAINTEXT") >= before.get(created, listener="PLAINTEXT") + 1
-        opened = during.get(count, listener="PLAINTEXT")
-    until(lambda s: s.get(count, listener="PLAINTEXT") < opened, "the closed connection leaves the count")
+        during = METRICS.scrape()
+        assert during.get_or_zero(count, listener="PLAINTEXT") >= 1
+        assert (
+            during.get_or_zero(created, listener="PLAINTEXT")
+            >= before.get_or_zero(created, listener="PLAINTEXT") + 1
+        )
+        opened = during.get_or_zero(count, listener="PLAINTEXT")
+    METRICS.until(
+        lambda s: s.get_or_zero(count, listener="PLAINTEXT") < opened,
+        "the closed connection leaves the count",
+    )
 
 
 def test_groups_by_state(broker: BrokerProcess) -> None:
@@ -214,23 +179,25 @@ def test_groups_by_state(broker: BrokerProcess) -> None:
         stable = "kafka_coordinator_group_groupmetadatamanager_numgroupsstable"
         while time.monotonic() < deadline:
             consumer.poll(0.2)
-            if scrape().get(stable) >= 1:
+            if METRICS.scrape().get_or_zero(stable) >= 1:
                 break
         else:
             pytest.fail("the group never showed as Stable")
-        assert scrape().get("kafka_coordinator_group_groupmetadatamanager_numgroups") >= 1
+        assert METRICS.scrape().get_or_zero("kafka_coordinator_group_groupmetadatamanager_numgroups") >= 1
     finally:
         consumer.close()
-    until(
-        lambda s: s.get("kafka_coordinator_group_groupmetadatamanager_numgroupsempty") >= 1,
+    METRICS.until(
+        lambda s: s.get_or_zero("kafka_coordinator_group_groupmetadatamanager_numgroupsempty") >= 1,
         "the group left by its member shows as Empty",
     )
 
 
 def test_process_and_runtime_metrics() -> None:
-    current = until(lambda s: s.get("strom_eventloop_lag_seconds_count") > 0, "an event-loop lag sample")
-    assert current.get("process_resident_memory_bytes") > 0
-    assert current.get("process_open_fds") > 0
+    current = METRICS.until(
+        lambda s: s.get_or_zero("strom_eventloop_lag_seconds_count") > 0, "an event-loop lag sample"
+    )
+    assert current.get_or_zero("process_resident_memory_bytes") > 0
+    assert current.get_or_zero("process_open_fds") > 0
     assert current.has("process_cpu_seconds_total")
     assert current.has("python_gc_collections_total")
     assert current.has("strom_python_gc_pause_seconds_count")
@@ -258,7 +225,7 @@ def test_an_oversized_request_head_costs_its_connection_only() -> None:
         except ConnectionResetError:
             pass
         assert not answer.startswith(b"HTTP/1.1 200")
-    assert scrape().has("process_resident_memory_bytes")  # the endpoint still serves
+    assert METRICS.scrape().has("process_resident_memory_bytes")  # the endpoint still serves
 
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "strom-dashboard.json"

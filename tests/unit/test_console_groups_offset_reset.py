@@ -1,20 +1,28 @@
-"""The console's reset-offsets planning (``strom.console.offset_reset``) against a stand-in admin
-client: each mode, clamping into the log, and the plan's round trip through the form."""
+"""Reset-offsets planning (AsyncAdminClient.plan_offset_reset, with the console's modes from
+``strom.console.offset_reset``) against an admin client whose lookups are stood in for: each mode,
+clamping into the log, and the plan's round trip through the form."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import pytest
 
-from strom.client.admin import ListOffsetsResult, OffsetSpec, PartitionInfo, TopicDescription
+from strom.client.admin import (
+    AsyncAdminClient,
+    ListOffsetsResult,
+    OffsetReset,
+    OffsetResetError,
+    OffsetSpec,
+    PartitionInfo,
+    PlannedOffset,
+    TopicDescription,
+)
 from strom.client.admin.types import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from strom.client.cluster import TopicPartition
 from strom.client.consumer import OffsetAndMetadata
 from strom.console.offset_reset import (
-    PlanError,
-    PlannedOffset,
     check_inactive,
     decode_plan,
     encode_plan,
@@ -25,22 +33,31 @@ from strom.console.offset_reset import (
 P0, P1 = TopicPartition("orders", 0), TopicPartition("orders", 1)
 
 
-class FakeAdmin:
+class FakeAdmin(AsyncAdminClient):
     """orders: partition 0 holds offsets 10..100, partition 1 holds 0..50; a record per ms from
-    1000 (offset 10) on partition 0, none that late on partition 1."""
+    1000 (offset 10) on partition 0, none that late on partition 1. Nothing is sent anywhere."""
 
     def __init__(self, committed: Mapping[TopicPartition, int]) -> None:
+        super().__init__({"bootstrap.servers": "unused:9092"})
         self.committed = committed
 
-    async def list_consumer_group_offsets(self, group_id: str) -> dict[TopicPartition, OffsetAndMetadata]:
+    async def list_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None, *, timeout: float | None = None
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
         return {tp: OffsetAndMetadata(o) for tp, o in self.committed.items()}
 
-    async def describe_topics(self, names: list[str]) -> dict[str, TopicDescription]:
+    async def describe_topics(
+        self, names: Sequence[str], *, timeout: float | None = None
+    ) -> dict[str, TopicDescription]:
         partitions = [PartitionInfo(p, 0, (0,), (0,), ()) for p in (0, 1)]
         return {n: TopicDescription(n, None, False, partitions) for n in names}
 
     async def list_offsets(
-        self, specs: Mapping[TopicPartition, OffsetSpec]
+        self,
+        specs: Mapping[TopicPartition, OffsetSpec],
+        *,
+        isolation_level: str = "read_uncommitted",
+        timeout: float | None = None,
     ) -> dict[TopicPartition, ListOffsetsResult]:
         bounds = {P0: (10, 100), P1: (0, 50)}
 
@@ -60,8 +77,11 @@ class FakeAdmin:
 def plan(
     mode: str, value: str = "", committed: Mapping[TopicPartition, int] | None = None, **kw: object
 ) -> list[PlannedOffset]:
-    admin = FakeAdmin({P0: 40, P1: 20} if committed is None else committed)
-    return asyncio.run(plan_reset(admin, "g", mode, parse_value(mode, value), **kw))  # type: ignore[arg-type]
+    async def run() -> list[PlannedOffset]:
+        admin = FakeAdmin({P0: 40, P1: 20} if committed is None else committed)
+        return await plan_reset(admin, "g", mode, parse_value(mode, value), **kw)  # type: ignore[arg-type]
+
+    return asyncio.run(run())
 
 
 def news(planned: list[PlannedOffset]) -> dict[TopicPartition, int]:
@@ -86,6 +106,17 @@ def test_offsets_are_clamped_into_the_log() -> None:
     assert news(plan("shift-by", "+1000")) == {P0: 100, P1: 50}
 
 
+def test_given_offsets_are_clamped_but_a_committed_one_is_kept_as_kafka_does() -> None:
+    async def run() -> tuple[list[PlannedOffset], list[PlannedOffset]]:
+        admin = FakeAdmin({P0: 5})  # below partition 0's log start
+        given = await admin.plan_offset_reset("g", OffsetReset.to_offsets({P1: 70}))
+        return given, await admin.plan_offset_reset("g", OffsetReset.current())
+
+    given, current = asyncio.run(run())
+    assert news(given) == {P1: 50}
+    assert news(current) == {P0: 5}
+
+
 def test_a_topic_takes_all_its_partitions_and_to_current_falls_back_to_the_end() -> None:
     planned = plan("to-current", committed={P0: 40}, topics=["orders"])
     assert news(planned) == {P0: 40, P1: 50}
@@ -94,18 +125,18 @@ def test_a_topic_takes_all_its_partitions_and_to_current_falls_back_to_the_end()
 
 def test_refusals() -> None:
     with pytest.raises(
-        PlanError, match="cannot shift the offset of orders-1: the group has no committed offset"
+        OffsetResetError, match="cannot shift the offset of orders-1: the group has no committed offset"
     ):
         plan("shift-by", "1", committed={P0: 40}, topics=["orders"])
-    with pytest.raises(PlanError, match="no committed offsets to reset"):
+    with pytest.raises(OffsetResetError, match="no committed offsets to reset"):
         plan("to-earliest", committed={})
-    with pytest.raises(PlanError, match="--to-offset needs a value"):
+    with pytest.raises(OffsetResetError, match="--to-offset needs a value"):
         parse_value("to-offset", " ")
-    with pytest.raises(PlanError, match="--shift-by: expected"):
+    with pytest.raises(OffsetResetError, match="--shift-by: expected"):
         parse_value("shift-by", "ten")
-    with pytest.raises(PlanError, match="--by-duration: expected a duration"):
+    with pytest.raises(OffsetResetError, match="--by-duration: expected a duration"):
         parse_value("by-duration", "30 minutes")
-    with pytest.raises(PlanError, match="unknown mode"):
+    with pytest.raises(OffsetResetError, match="unknown mode"):
         parse_value("to-somewhere", "")
 
 
@@ -113,14 +144,14 @@ def test_the_plan_round_trips_through_the_form() -> None:
     planned = plan("shift-by", "-1")
     assert encode_plan(planned) == ["orders:0:39", "orders:1:19"]
     assert decode_plan(encode_plan(planned)) == {P0: 39, P1: 19}
-    with pytest.raises(PlanError, match="not a planned offset"):
+    with pytest.raises(OffsetResetError, match="not a planned offset"):
         decode_plan(["orders:zero:1"])
-    with pytest.raises(PlanError, match="empty"):
+    with pytest.raises(OffsetResetError, match="empty"):
         decode_plan([])
 
 
 def test_only_an_inactive_group_may_be_reset() -> None:
     check_inactive("g", "Empty", 0)
     check_inactive("g", None, 0)
-    with pytest.raises(PlanError, match="group 'g' is Stable with 2 active member"):
+    with pytest.raises(OffsetResetError, match="group 'g' is Stable with 2 active member"):
         check_inactive("g", "Stable", 2)

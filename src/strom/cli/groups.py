@@ -25,7 +25,14 @@ from strom.cli.common import (
     print_table,
     topic_partitions,
 )
-from strom.client.admin import AdminClient, GroupDescription, OffsetSpec
+from strom.client.admin import (
+    AdminClient,
+    GroupDescription,
+    OffsetReset,
+    OffsetResetError,
+    OffsetSpec,
+    PlannedOffset,
+)
 from strom.client.cluster import TopicPartition
 from strom.client.errors import ErrorCode, KafkaException
 
@@ -371,10 +378,10 @@ def _reset(args: argparse.Namespace) -> int:
                 f"group '{group_id}' is {group.state} with {len(group.members)} active member(s); "
                 "offsets can be reset only while it is inactive (stop its consumers first)"
             )
-        plan = _plan(admin, args)
+        planned = _plan(admin, args)
         if args.execute:
-            admin.alter_consumer_group_offsets(group_id, plan)
-    ordered = sorted(plan.items(), key=lambda item: (item[0].topic, item[0].partition))
+            admin.alter_consumer_group_offsets(group_id, {p.partition: p.new for p in planned})
+    ordered = [(p.partition, p.new) for p in planned]
     if args.export:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
@@ -394,57 +401,28 @@ def _reset(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(admin: AdminClient, args: argparse.Namespace) -> dict[TopicPartition, int]:
+def _plan(admin: AdminClient, args: argparse.Namespace) -> list[PlannedOffset]:
     """The new offsets, computed as kafka-consumer-groups computes them."""
-    group_id = args.group
+    partitions = None if args.from_file is not None or args.all_topics else _expand(admin, args.topic)
+    try:
+        return admin.plan_offset_reset(args.group, _target(args), partitions)
+    except OffsetResetError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _target(args: argparse.Namespace) -> OffsetReset:
     if args.from_file is not None:
-        return _clamp(admin, read_reset_plan(args.from_file, group_id))
-    committed = admin.list_consumer_group_offsets(group_id)
-    partitions = list(committed) if args.all_topics else _expand(admin, args.topic)
-    if not partitions:
-        raise CliError(f"group '{group_id}' has no committed offsets to reset")
+        return OffsetReset.to_offsets(read_reset_plan(args.from_file, args.group))
     if args.to_earliest:
-        return _offsets(admin, partitions, OffsetSpec.earliest())
+        return OffsetReset.earliest()
     if args.to_latest:
-        return _offsets(admin, partitions, OffsetSpec.latest())
+        return OffsetReset.latest()
     if args.to_current:
-        without = [tp for tp in partitions if tp not in committed]
-        latest = _offsets(admin, without, OffsetSpec.latest()) if without else {}
-        return {tp: committed[tp].offset if tp in committed else latest[tp] for tp in partitions}
+        return OffsetReset.current()
     if args.to_offset is not None:
-        return _clamp(admin, dict.fromkeys(partitions, args.to_offset))
+        return OffsetReset.to_offset(args.to_offset)
     if args.shift_by is not None:
-        missing = [tp for tp in partitions if tp not in committed]
-        if missing:
-            raise CliError(
-                f"cannot shift the offset of {missing[0]}: the group has no committed offset for it"
-            )
-        return _clamp(admin, {tp: committed[tp].offset + args.shift_by for tp in partitions})
+        return OffsetReset.shift_by(args.shift_by)
     if args.to_datetime is not None:
-        return _at_time(admin, partitions, args.to_datetime)
-    return _at_time(admin, partitions, max(0, int(time.time() * 1000) - args.by_duration))
-
-
-def _offsets(
-    admin: AdminClient, partitions: list[TopicPartition], spec: OffsetSpec
-) -> dict[TopicPartition, int]:
-    return {tp: result.offset for tp, result in admin.list_offsets(dict.fromkeys(partitions, spec)).items()}
-
-
-def _at_time(
-    admin: AdminClient, partitions: list[TopicPartition], timestamp: int
-) -> dict[TopicPartition, int]:
-    """The first offset at or after the time; the log end where no record is that recent."""
-    found = _offsets(admin, partitions, OffsetSpec.for_timestamp(timestamp))
-    none = [tp for tp, offset in found.items() if offset < 0]
-    if none:
-        found.update(_offsets(admin, none, OffsetSpec.latest()))
-    return found
-
-
-def _clamp(admin: AdminClient, wanted: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-    """Offsets moved into [log start, log end], as Kafka's tool does."""
-    partitions = list(wanted)
-    earliest = _offsets(admin, partitions, OffsetSpec.earliest())
-    latest = _offsets(admin, partitions, OffsetSpec.latest())
-    return {tp: min(max(offset, earliest[tp]), latest[tp]) for tp, offset in wanted.items()}
+        return OffsetReset.to_timestamp(args.to_datetime)
+    return OffsetReset.to_timestamp(max(0, int(time.time() * 1000) - args.by_duration))

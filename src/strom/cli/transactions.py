@@ -23,12 +23,9 @@ from strom.cli.common import (
     non_negative_int,
     print_table,
 )
-from strom.client.admin import AbortTransactionSpec, AdminClient, ProducerState, TransactionDescription
+from strom.client.admin import AbortTransactionSpec, AdminClient
 from strom.client.cluster import TopicPartition
-from strom.client.errors import ErrorCode, KafkaException
-
-# Partitions asked about per DescribeProducers, so that a broker with many is not sent one giant request.
-_BATCH = 500
+from strom.client.errors import KafkaException
 
 
 def register(subparsers: Subparsers[ArgumentParser]) -> None:
@@ -251,21 +248,13 @@ def _find_hanging(args: argparse.Namespace) -> int:
         )
     if args.partition is not None and args.topic is None:
         raise CliError("--partition needs --topic", exit_code=2)
-    max_timeout_ms = args.max_transaction_timeout * 60_000
     with admin_client(args) as admin:
-        partitions = _partitions_to_search(admin, args.topic, args.partition, args.broker_id)
-        now = _now_ms()
-        open_transactions: list[tuple[TopicPartition, ProducerState]] = []
-        for start in range(0, len(partitions), _BATCH):
-            batch = partitions[start : start + _BATCH]
-            for tp, states in admin.describe_producers(batch, broker_id=args.broker_id).items():
-                open_transactions += [
-                    (tp, s)
-                    for s in states
-                    if s.current_transaction_start_offset is not None
-                    and now - s.last_timestamp > max_timeout_ms
-                ]
-        hanging = _hanging(admin, open_transactions) if open_transactions else []
+        hanging = admin.find_hanging_transactions(
+            [args.topic] if args.topic is not None and args.partition is None else None,
+            partitions=[TopicPartition(args.topic, args.partition)] if args.partition is not None else None,
+            broker_id=args.broker_id,
+            max_transaction_timeout_ms=args.max_transaction_timeout * 60_000,
+        )
     print_table(
         (
             "Topic",
@@ -279,64 +268,19 @@ def _find_hanging(args: argparse.Namespace) -> int:
         ),
         [
             (
-                tp.topic,
-                tp.partition,
-                s.producer_id,
-                s.producer_epoch,
-                -1 if s.coordinator_epoch is None else s.coordinator_epoch,
-                s.current_transaction_start_offset,
-                s.last_timestamp,
-                (now - s.last_timestamp) // 60_000,
+                h.partition.topic,
+                h.partition.partition,
+                h.state.producer_id,
+                h.state.producer_epoch,
+                -1 if h.state.coordinator_epoch is None else h.state.coordinator_epoch,
+                h.state.current_transaction_start_offset,
+                h.state.last_timestamp,
+                h.open_ms // 60_000,
             )
-            for tp, s in hanging
+            for h in hanging
         ],
     )
     return 0
-
-
-def _partitions_to_search(
-    admin: AdminClient, topic: str | None, partition: int | None, broker_id: int | None
-) -> list[TopicPartition]:
-    if topic is not None and partition is not None:
-        return [TopicPartition(topic, partition)]
-    topics = [topic] if topic is not None else admin.list_topics()
-    found: list[TopicPartition] = []
-    for start in range(0, len(topics), _BATCH):
-        for description in admin.describe_topics(topics[start : start + _BATCH]).values():
-            found += [
-                TopicPartition(description.name, p.partition)
-                for p in description.partitions
-                if broker_id is None or broker_id in p.replicas
-            ]
-    return found
-
-
-def _hanging(
-    admin: AdminClient, open_transactions: list[tuple[TopicPartition, ProducerState]]
-) -> list[tuple[TopicPartition, ProducerState]]:
-    """The open transactions whose coordinator does not expect to write their markers."""
-    producer_ids = {s.producer_id for _, s in open_transactions}
-    transactional_ids = {
-        t.producer_id: t.transactional_id
-        for t in admin.list_transactions(producer_ids=producer_ids)
-        if t.producer_id in producer_ids
-    }
-    descriptions: dict[str, TransactionDescription] = {}
-    for transactional_id in set(transactional_ids.values()):
-        try:
-            descriptions[transactional_id] = admin.describe_transactions([transactional_id])[transactional_id]
-        except KafkaException as exc:
-            if exc.error_code != ErrorCode.transactional_id_not_found:
-                raise
-    hanging = []
-    for tp, state in open_transactions:
-        known = transactional_ids.get(state.producer_id)
-        description = descriptions.get(known) if known is not None else None
-        # The coordinator lists the partitions of an ongoing transaction and those still awaiting
-        # markers while it completes: any other open one is left hanging.
-        if description is None or tp not in description.topic_partitions:
-            hanging.append((tp, state))
-    return hanging
 
 
 def _now_ms() -> int:

@@ -14,6 +14,7 @@ error code), naming the item.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from functools import partial
@@ -33,14 +34,18 @@ from strom.client.admin.types import (
     ElectionType,
     GroupDescription,
     GroupListing,
+    HangingTransaction,
     ListOffsetsResult,
     LogDirDescription,
     MemberDescription,
     NewPartitions,
     NewTopic,
+    OffsetReset,
+    OffsetResetError,
     OffsetSpec,
     PartitionInfo,
     PartitionReassignment,
+    PlannedOffset,
     ProducerState,
     ReplicaInfo,
     TopicDescription,
@@ -67,6 +72,8 @@ K = TypeVar("K", bound=Hashable)
 
 _ISOLATION_LEVELS = {"read_uncommitted": 0, "read_committed": 1}
 _COORDINATOR_MOVED = frozenset({ErrorCode.not_coordinator, ErrorCode.coordinator_not_available})
+# Topics or partitions asked about per request by find_hanging_transactions, so that none is giant.
+_SEARCH_BATCH = 500
 # The outcome of a resource whose broker lacks IncrementalAlterConfigs.
 _LEGACY = object()
 
@@ -660,6 +667,72 @@ class AsyncAdminClient:
 
         await self._call("OffsetDelete", partitions, attempt, timeout)
 
+    async def plan_offset_reset(
+        self,
+        group_id: str,
+        reset: OffsetReset,
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[PlannedOffset]:
+        """The group's new offsets, computed as ``kafka-consumer-groups --reset-offsets`` computes
+        them, sorted by topic and partition; nothing is committed. ``partitions`` defaults to every
+        one the group has an offset for (to those of ``reset`` for OffsetReset.to_offsets). Given
+        offsets and shifts are moved into [log start, log end]; raises OffsetResetError when there
+        is nothing to reset or no committed offset to shift."""
+        group_offsets = await self.list_consumer_group_offsets(group_id, timeout=timeout)
+        committed = {tp: o.offset for tp, o in group_offsets.items()}
+        if reset.target == "offsets":
+            wanted_partitions = list(reset.offsets)
+        else:
+            wanted_partitions = list(committed) if partitions is None else list(dict.fromkeys(partitions))
+        if not wanted_partitions:
+            raise OffsetResetError(f"group '{group_id}' has no committed offsets to reset")
+
+        async def offsets(spec: OffsetSpec) -> dict[TopicPartition, int]:
+            found = await self.list_offsets(dict.fromkeys(wanted_partitions, spec), timeout=timeout)
+            return {tp: result.offset for tp, result in found.items()}
+
+        earliest = await offsets(OffsetSpec.earliest())
+        latest = await offsets(OffsetSpec.latest())
+        # Kafka's tool moves only the offsets it is given into the log; found ones it takes as they are.
+        clamp = reset.target in ("offset", "shift", "offsets")
+        wanted: Mapping[TopicPartition, int]
+        if reset.target == "earliest":
+            wanted = earliest
+        elif reset.target == "latest":
+            wanted = latest
+        elif reset.target == "current":
+            wanted = {tp: committed.get(tp, latest[tp]) for tp in wanted_partitions}
+        elif reset.target == "offset":
+            wanted = dict.fromkeys(wanted_partitions, reset.value)
+        elif reset.target == "shift":
+            missing = [tp for tp in wanted_partitions if tp not in committed]
+            if missing:
+                raise OffsetResetError(
+                    f"cannot shift the offset of {missing[0]}: the group has no committed offset for it"
+                )
+            wanted = {tp: committed[tp] + reset.value for tp in wanted_partitions}
+        elif reset.target == "timestamp":
+            at_time = await offsets(OffsetSpec.for_timestamp(reset.value))
+            # No record that recent: the log end, as Kafka's tool does.
+            wanted = {tp: offset if offset >= 0 else latest[tp] for tp, offset in at_time.items()}
+        elif reset.target == "offsets":
+            wanted = reset.offsets
+        else:
+            raise ValueError(f"unknown offset reset target {reset.target!r}")
+        planned = [
+            PlannedOffset(
+                tp,
+                committed.get(tp),
+                min(max(wanted[tp], earliest[tp]), latest[tp]) if clamp else wanted[tp],
+                earliest[tp],
+                latest[tp],
+            )
+            for tp in wanted_partitions
+        ]
+        return sorted(planned, key=lambda p: (p.partition.topic, p.partition.partition))
+
     # -- partition offsets and records -----------------------------------------------------
 
     async def list_offsets(
@@ -867,6 +940,75 @@ class AsyncAdminClient:
             return {**errors, **await self._fan_out(by_node, send)}
 
         await self._call("WriteTxnMarkers", [tp], attempt, timeout)
+
+    async def find_hanging_transactions(
+        self,
+        topics: Sequence[str] | None = None,
+        *,
+        partitions: Sequence[TopicPartition] | None = None,
+        broker_id: int | None = None,
+        max_transaction_timeout_ms: int = 15 * 60_000,
+        timeout: float | None = None,
+    ) -> list[HangingTransaction]:
+        """The hanging transactions, found as ``kafka-transactions find-hanging`` finds them, in
+        the order of the partitions searched: those of ``topics`` (every topic when None), or
+        exactly ``partitions``; with ``broker_id``, only its replicas, as it holds them.
+
+        A transaction hangs on a partition when the partition's producer state holds it open for
+        longer than the longest transaction timeout while its coordinator does not list that
+        partition in an ongoing or completing transaction: its markers will never come, and
+        ``read_committed`` consumers stay stuck at its start offset."""
+        if partitions is not None and topics is not None:
+            raise ValueError("search topics or partitions, not both")
+        if partitions is None:
+            names = list(topics) if topics is not None else await self.list_topics(timeout=timeout)
+            partitions = []
+            for start in range(0, len(names), _SEARCH_BATCH):
+                batch = names[start : start + _SEARCH_BATCH]
+                for description in (await self.describe_topics(batch, timeout=timeout)).values():
+                    partitions += [
+                        TopicPartition(description.name, p.partition)
+                        for p in description.partitions
+                        if broker_id is None or broker_id in p.replicas
+                    ]
+        now = time.time_ns() // 1_000_000
+        open_transactions: list[tuple[TopicPartition, ProducerState]] = []
+        for start in range(0, len(partitions), _SEARCH_BATCH):
+            batch_partitions = partitions[start : start + _SEARCH_BATCH]
+            described = await self.describe_producers(batch_partitions, broker_id=broker_id, timeout=timeout)
+            open_transactions += [
+                (tp, s)
+                for tp, states in described.items()
+                for s in states
+                if s.current_transaction_start_offset is not None
+                and now - s.last_timestamp > max_transaction_timeout_ms
+            ]
+        if not open_transactions:
+            return []
+        producer_ids = {s.producer_id for _, s in open_transactions}
+        transactional_ids = {
+            t.producer_id: t.transactional_id
+            for t in await self.list_transactions(producer_ids=producer_ids, timeout=timeout)
+            if t.producer_id in producer_ids
+        }
+        descriptions: dict[str, TransactionDescription] = {}
+        for transactional_id in sorted(set(transactional_ids.values())):
+            try:
+                found = await self.describe_transactions([transactional_id], timeout=timeout)
+            except KafkaException as exc:
+                if exc.error_code != ErrorCode.transactional_id_not_found:
+                    raise
+            else:
+                descriptions[transactional_id] = found[transactional_id]
+        hanging = []
+        for tp, state in open_transactions:
+            known = transactional_ids.get(state.producer_id)
+            transaction = descriptions.get(known) if known is not None else None
+            # The coordinator lists the partitions of an ongoing transaction, and of one awaiting its
+            # markers while it completes: any other open transaction is left hanging.
+            if transaction is None or tp not in transaction.topic_partitions:
+                hanging.append(HangingTransaction(tp, state, now - state.last_timestamp))
+        return hanging
 
     # -- cluster ---------------------------------------------------------------------------
 

@@ -16,11 +16,14 @@ from strom.client.admin.types import (
     ElectionType,
     GroupDescription,
     GroupListing,
+    HangingTransaction,
     ListOffsetsResult,
     NewPartitions,
     NewTopic,
+    OffsetReset,
     OffsetSpec,
     PartitionReassignment,
+    PlannedOffset,
     ProducerState,
     TopicDescription,
     TopicPartitionReplica,
@@ -154,6 +157,16 @@ class AdminClient:
     ) -> None:
         self._io.run(self._admin.delete_consumer_group_offsets(group_id, partitions, timeout=timeout))
 
+    def plan_offset_reset(
+        self,
+        group_id: str,
+        reset: OffsetReset,
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[PlannedOffset]:
+        return self._io.run(self._admin.plan_offset_reset(group_id, reset, partitions, timeout=timeout))
+
     # -- partition offsets, records, cluster
 
     def list_offsets(
@@ -194,6 +207,25 @@ class AdminClient:
 
     def abort_transaction(self, spec: AbortTransactionSpec, *, timeout: float | None = None) -> None:
         self._io.run(self._admin.abort_transaction(spec, timeout=timeout))
+
+    def find_hanging_transactions(
+        self,
+        topics: Sequence[str] | None = None,
+        *,
+        partitions: Sequence[TopicPartition] | None = None,
+        broker_id: int | None = None,
+        max_transaction_timeout_ms: int = 15 * 60_000,
+        timeout: float | None = None,
+    ) -> list[HangingTransaction]:
+        return self._io.run(
+            self._admin.find_hanging_transactions(
+                topics,
+                partitions=partitions,
+                broker_id=broker_id,
+                max_transaction_timeout_ms=max_transaction_timeout_ms,
+                timeout=timeout,
+            )
+        )
 
     # -- cluster
 

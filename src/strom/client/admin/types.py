@@ -192,6 +192,63 @@ class OffsetSpec:
         return cls(timestamp_ms)
 
 
+class OffsetResetError(ValueError):
+    """A reset that cannot be planned (nothing to reset, no committed offset to shift); its text is
+    for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetReset:
+    """Where plan_offset_reset moves a group's offsets: one of ``kafka-consumer-groups
+    --reset-offsets``' targets (--to-earliest, ..., --from-file)."""
+
+    target: str  # earliest, latest, current, offset, shift, timestamp, offsets
+    value: int = 0  # the offset, shift or timestamp (ms)
+    offsets: Mapping[TopicPartition, int] = field(default_factory=dict)  # ``offsets``: each partition's
+
+    @classmethod
+    def earliest(cls) -> OffsetReset:
+        return cls("earliest")
+
+    @classmethod
+    def latest(cls) -> OffsetReset:
+        return cls("latest")
+
+    @classmethod
+    def current(cls) -> OffsetReset:
+        """The committed offset, or the log end where the group has none."""
+        return cls("current")
+
+    @classmethod
+    def to_offset(cls, offset: int) -> OffsetReset:
+        return cls("offset", offset)
+
+    @classmethod
+    def shift_by(cls, records: int) -> OffsetReset:
+        return cls("shift", records)
+
+    @classmethod
+    def to_timestamp(cls, timestamp_ms: int) -> OffsetReset:
+        """The first offset at or after the time; the log end where no record is that recent."""
+        return cls("timestamp", timestamp_ms)
+
+    @classmethod
+    def to_offsets(cls, offsets: Mapping[TopicPartition, int]) -> OffsetReset:
+        """These partitions to these offsets (--from-file)."""
+        return cls("offsets", offsets=dict(offsets))
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedOffset:
+    """One partition of a reset plan."""
+
+    partition: TopicPartition
+    current: int | None  # the committed offset, None if the group has none
+    new: int
+    log_start: int
+    log_end: int
+
+
 @dataclass(frozen=True, slots=True)
 class ListOffsetsResult:
     """offset -1 when a timestamp lookup found no record at or after the timestamp."""
@@ -297,3 +354,13 @@ class AbortTransactionSpec:
     producer_id: int
     producer_epoch: int
     coordinator_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class HangingTransaction:
+    """A transaction open on a partition that its coordinator will never end there (no markers
+    will come): what find_hanging_transactions finds."""
+
+    partition: TopicPartition
+    state: ProducerState
+    open_ms: int  # since the producer last wrote to the partition

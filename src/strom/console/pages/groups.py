@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from strom.client.admin import GroupDescription
+from strom.client.admin import GroupDescription, OffsetResetError
 from strom.client.errors import ErrorCode, KafkaException
 from strom.console.app import Console, console
 from strom.console.chart import lag_chart
@@ -21,7 +21,6 @@ from strom.console.formatting import partitions_text
 from strom.console.lag_history import LagSampler, group_lag, groups_lag, total_lag
 from strom.console.offset_reset import (
     MODES,
-    PlanError,
     check_inactive,
     decode_plan,
     encode_plan,
@@ -58,6 +57,23 @@ async def describe(state: Console, group_id: str) -> GroupDescription | None:
         if exc.error_code == ErrorCode.group_id_not_found:
             return None
         raise
+
+
+async def ensure_inactive(state: Console, group_id: str) -> None:
+    """Raises OffsetResetError while the group has members that could overwrite its offsets."""
+    group = await describe(state, group_id)
+    check_inactive(group_id, group.state if group else None, len(group.members) if group else 0)
+
+
+def refused(request: Request, group_id: str, error: str) -> Response:
+    return console(request).render(
+        request,
+        "groups/refused.html",
+        status_code=409,
+        group_id=group_id,
+        url=group_url(group_id),
+        error=error,
+    )
 
 
 async def list_groups(request: Request) -> Response:
@@ -138,13 +154,12 @@ async def reset_dry_run(request: Request) -> Response:
     try:
         value = parse_value(mode, value_text)
         plan = await plan_reset(state.admin, group_id, mode, value, [topic] if topic else None)
-    except (PlanError, KafkaException) as exc:
+    except (OffsetResetError, KafkaException) as exc:
         context["error"] = str(exc)
         return state.render(request, "groups/reset.html", status_code=400, **context)
-    group = await describe(state, group_id)
     try:
-        check_inactive(group_id, group.state if group else None, len(group.members) if group else 0)
-    except PlanError as exc:
+        await ensure_inactive(state, group_id)
+    except OffsetResetError as exc:
         context["warning"] = str(exc)
     context.update(plan=plan, encoded=encode_plan(plan))
     return state.render(request, "groups/reset.html", **context)
@@ -158,18 +173,10 @@ async def reset_execute(request: Request) -> Response:
     values = [str(v) for v in form.getlist("plan")]
     try:
         plan = decode_plan(values)
-        group = await describe(state, group_id)
-        check_inactive(group_id, group.state if group else None, len(group.members) if group else 0)
+        await ensure_inactive(state, group_id)
         await state.admin.alter_consumer_group_offsets(group_id, plan)
-    except (PlanError, KafkaException) as exc:
-        return state.render(
-            request,
-            "groups/refused.html",
-            status_code=409,
-            group_id=group_id,
-            url=group_url(group_id),
-            error=str(exc),
-        )
+    except (OffsetResetError, KafkaException) as exc:
+        return refused(request, group_id, str(exc))
     flash = f"Committed new offsets for {len(plan)} partition{'s' if len(plan) != 1 else ''}."
     return RedirectResponse(f"{group_url(group_id)}?flash={quote(flash)}", status_code=303)
 
@@ -180,14 +187,7 @@ async def delete_group(request: Request) -> Response:
     try:
         await state.admin.delete_consumer_groups([group_id])
     except KafkaException as exc:
-        return state.render(
-            request,
-            "groups/refused.html",
-            status_code=409,
-            group_id=group_id,
-            url=group_url(group_id),
-            error=f"cannot delete group '{group_id}': {exc}",
-        )
+        return refused(request, group_id, f"cannot delete group '{group_id}': {exc}")
     return RedirectResponse(f"/groups?deleted={quote(group_id, safe='')}", status_code=303)
 
 

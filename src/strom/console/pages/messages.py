@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -201,6 +202,24 @@ async def read(state: Console, topic: str, wanted: Browse) -> browse.Page:
         )
 
 
+def on_topic(
+    page: Callable[[Request, Console, str, list[int]], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint of a page about an existing topic, which it is given with its partition
+    numbers; the missing-topic page for a topic that does not exist."""
+
+    @functools.wraps(page)
+    async def endpoint(request: Request) -> Response:
+        state = console(request)
+        name = request.path_params["name"]
+        description = await describe(state, name)
+        if description is None:
+            return state.render(request, "topics/missing.html", status_code=404, name=name)
+        return await page(request, state, name, sorted(p.partition for p in description.partitions))
+
+    return endpoint
+
+
 def page_links(request: Request, page: browse.Page) -> dict[str, str | None]:
     """The previous and next pages' URLs (the same query with a cursor) and the export's."""
     kept = {k: v for k, v in request.query_params.items() if k not in ("cursor", "dir")}
@@ -217,13 +236,8 @@ def page_links(request: Request, page: browse.Page) -> dict[str, str | None]:
     }
 
 
-async def messages_page(request: Request) -> Response:
-    state = console(request)
-    name = request.path_params["name"]
-    description = await describe(state, name)
-    if description is None:
-        return state.render(request, "topics/missing.html", status_code=404, name=name)
-    partitions = sorted(p.partition for p in description.partitions)
+@on_topic
+async def messages_page(request: Request, state: Console, name: str, partitions: list[int]) -> Response:
     params = request.query_params
     context: dict[str, Any] = {
         "topic": name,
@@ -299,16 +313,9 @@ def parse_headers(text: str) -> list[tuple[str, bytes]]:
     return headers
 
 
-async def produce_page(request: Request) -> Response:
-    state = console(request)
-    name = request.path_params["name"]
-    description = await describe(state, name)
-    if description is None:
-        return state.render(request, "topics/missing.html", status_code=404, name=name)
-    context: dict[str, Any] = {
-        "topic": name,
-        "partitions": sorted(p.partition for p in description.partitions),
-    }
+@on_topic
+async def produce_page(request: Request, state: Console, name: str, partitions: list[int]) -> Response:
+    context: dict[str, Any] = {"topic": name, "partitions": partitions}
     if request.method == "GET":
         return state.render(request, "messages/produce.html", form={}, **context)
     form = await request.form()
@@ -388,23 +395,14 @@ def search_context(name: str, partitions: list[int]) -> dict[str, Any]:
     }
 
 
-async def search_page(request: Request) -> Response:
-    state = console(request)
-    name = request.path_params["name"]
-    description = await describe(state, name)
-    if description is None:
-        return state.render(request, "topics/missing.html", status_code=404, name=name)
-    context = search_context(name, sorted(p.partition for p in description.partitions))
+@on_topic
+async def search_page(request: Request, state: Console, name: str, partitions: list[int]) -> Response:
+    context = search_context(name, partitions)
     return state.render(request, "messages/search.html", form={}, job=None, **context)
 
 
-async def start_search(request: Request) -> Response:
-    state = console(request)
-    name = request.path_params["name"]
-    description = await describe(state, name)
-    if description is None:
-        return state.render(request, "topics/missing.html", status_code=404, name=name)
-    partitions = sorted(p.partition for p in description.partitions)
+@on_topic
+async def start_search(request: Request, state: Console, name: str, partitions: list[int]) -> Response:
     form = await request.form()
     params = {k: str(v) for k, v in form.items()}
     try:

@@ -5,6 +5,7 @@ adding partitions, and deleting it (the name typed to confirm)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -252,25 +253,37 @@ async def alter_config(request: Request) -> Response:
     config = str(form.get("config", "")).strip()
     value = str(form.get("value", ""))
     reset = form.get("op") == "delete"
-    try:
+
+    async def change() -> None:
         if not config:
             raise ValueError("name the config to change")
         op = AlterConfigOp(config, None, "delete") if reset else AlterConfigOp(config, value.strip(), "set")
         await state.admin.incremental_alter_configs({ConfigResource("topic", name): [op]})
-    except (ValueError, KafkaException) as error:
-        return await topic_page(request, status_code=400, error=f"Config not changed: {error}")
-    return RedirectResponse(topic_url(name) + "?done=config", status_code=303)
+
+    return await changed(request, change, "config", "Config not changed")
 
 
 async def add_partitions(request: Request) -> Response:
     state = console(request)
-    name = request.path_params["name"]
     form = await request.form()
+    name = request.path_params["name"]
+    return await changed(
+        request,
+        lambda: state.admin.create_partitions({name: form_int(form, "total")}),
+        "partitions",
+        "Partitions not added",
+    )
+
+
+async def changed(
+    request: Request, change: Callable[[], Awaitable[None]], done: str, failure: str
+) -> Response:
+    """Back to the topic's page: with a ``done`` note after the change, or with its error."""
     try:
-        await state.admin.create_partitions({name: form_int(form, "total")})
+        await change()
     except (ValueError, KafkaException) as error:
-        return await topic_page(request, status_code=400, error=f"Partitions not added: {error}")
-    return RedirectResponse(topic_url(name) + "?done=partitions", status_code=303)
+        return await topic_page(request, status_code=400, error=f"{failure}: {error}")
+    return RedirectResponse(topic_url(request.path_params["name"]) + f"?done={done}", status_code=303)
 
 
 async def delete_topic(request: Request) -> Response:

@@ -1,5 +1,6 @@
 """The transactions page: open transactions (ListTransactions, then DescribeTransactions for the
-ones not complete), hanging ones (``strom.console.hanging``), and aborting either.
+ones not complete), hanging ones (the admin client's find_hanging_transactions), and aborting
+either.
 
 Aborting an open transaction fences its producer, as a new instance of the same
 transactional id does in Kafka: InitProducerId makes the coordinator abort the transaction
@@ -25,7 +26,6 @@ from strom.client.errors import KafkaException
 from strom.client.producer import AsyncProducer
 from strom.console.app import console
 from strom.console.formatting import duration, partitions_text, utc
-from strom.console.hanging import find_hanging
 
 NAV: str | None = "Transactions"
 # States of a transaction that is done with: nothing to show or abort.
@@ -109,8 +109,11 @@ async def show_hanging(request: Request) -> Response:
         )
         return state.render(request, "transactions/hanging.html", status_code=400, **context)
     try:
-        context["hanging"] = await find_hanging(
-            state.admin, [topic] if topic else None, max_transaction_timeout_ms=minutes * 60_000
+        found = await state.admin.find_hanging_transactions(
+            [topic] if topic else None, max_transaction_timeout_ms=minutes * 60_000
+        )
+        context["hanging"] = sorted(
+            found, key=lambda h: (h.partition.topic, h.partition.partition, h.state.producer_id)
         )
     except KafkaException as exc:
         context["error"] = str(exc)
