@@ -254,7 +254,7 @@ def render(
             f"{', '.join(f'{d * 1000:,.0f}' for d in durations)} ms. The broker's worst event-loop lag "
             f"(`strom_eventloop_lag_seconds`, bucket bound) over 6 s unscraped: {quiet_lag * 1000:g} ms; "
             f"over 6 s scraped every second: {scraped_lag * 1000:g} ms. The "
-            "text is written on the loop, a family or 40 partitions at a time, the loop served in between.",
+            "text is written on the loop, a family or 10 partitions at a time, the loop served in between.",
         ]
     lines.append(f"<!-- {SECTION}:end -->")
     return "\n".join(lines)

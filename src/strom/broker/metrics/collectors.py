@@ -24,8 +24,9 @@ from strom.broker.transaction.log_records import TransactionState
 if TYPE_CHECKING:
     from strom.broker.server import BrokerServer
 
-# Partitions walked between two turns of the event loop (under 0.5 ms of work: 9 us each).
-PARTITION_SLICE = 40
+# Partitions walked between two turns of the event loop (about 0.1 ms of work: 9 us each): a produce
+# arriving during a step waits for it, so longer steps show in the p99 of a broker scraped often.
+PARTITION_SLICE = 10
 
 _NETWORK = "kafka_network_requestmetrics_"
 # Kafka's RequestMetrics histograms, by the RequestStats attribute that holds each.
