@@ -319,6 +319,18 @@ def test_a_pending_transition_answers_concurrent_transactions(harness: Harness) 
     assert run(harness, c.init_producer_id(TID, 1000, None)).error == E.concurrent_transactions
 
 
+def test_verify_only_answers_while_partitions_are_being_added(harness: Harness) -> None:
+    """The first write to a partition already in the transaction is confirmed while the producer's
+    next AddPartitionsToTxn is in flight (Kafka checks no pending state here); the partition being
+    added is not in the transaction until its record is in the log."""
+    metadata = in_state(harness, S.ONGOING)
+    metadata.pending_state = S.ONGOING
+    assert harness.coordinator.verify_partitions(TID, PID, EPOCH, {T0, T1}) == {
+        T0: E.none,
+        T1: E.invalid_txn_state,
+    }
+
+
 def test_an_expired_transaction_is_aborted_with_a_bumped_epoch(harness: Harness) -> None:
     in_state(harness, S.ONGOING)
     c = harness.coordinator

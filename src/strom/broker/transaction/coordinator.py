@@ -222,11 +222,17 @@ class TransactionCoordinator:
     def verify_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: set[TopicPartition]
     ) -> dict[TopicPartition, ErrorCode]:
-        """KIP-890's verify-only AddPartitionsToTxn: are these partitions in the ongoing transaction?"""
+        """KIP-890's verify-only AddPartitionsToTxn: are these partitions in the ongoing transaction?
+
+        A pending transition is no reason to refuse, as in Kafka: partitions join ``metadata`` only
+        once their AddPartitionsToTxn is in the log, and the append re-checks its verification
+        guard. Refusing would answer a retriable error to the first write of a partition already
+        added while the producer adds the next one, and librdkafka, aborting meanwhile, keeps
+        such retries queued until its flush gives up."""
         error, _, metadata = self._producer_error(transactional_id, producer_id, producer_epoch)
         if metadata is None:
             return dict.fromkeys(partitions, error)
-        if metadata.pending_transition_in_progress or metadata.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+        if metadata.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
             return dict.fromkeys(partitions, ErrorCode.concurrent_transactions)
         ongoing = metadata.state == S.ONGOING
         return {
