@@ -5,10 +5,14 @@ duration and lag, labelled with the pipeline and the stage."""
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -17,6 +21,7 @@ from brokerproc import HOST, BrokerProcess, free_port
 from spark.spark_util import create_topic, produce
 from strom.client import AdminClient, TopicPartition
 from strom.protocol.pipeline_progress import PipelineProgress
+from strom.spark import pipeline as pipeline_module
 from strom.spark.pipeline import Pipeline, PipelineRunner, group_id
 
 METRICS_PORT = free_port()
@@ -81,3 +86,47 @@ def test_a_stage_commits_its_progress_and_the_broker_exports_it(
     assert found[f"kafka_consumergroup_group_offset/{SOURCE}"] == RECORDS
     assert found[f"kafka_consumergroup_group_lag/{SOURCE}"] == 0
     assert found["kafka_consumergroup_group_sum_lag"] == 0
+
+
+def test_a_stage_that_finishes_no_batch_is_logged_with_its_query_status(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running stage whose source stays empty finishes no batch: after STALL_LOG_S the runner
+    says so, with Spark's status of the query (here: no data), instead of staying silent."""
+    monkeypatch.setattr(pipeline_module, "STALL_LOG_S", 0.5)
+    create_topic(broker.bootstrap, "stall-in", 1)
+    create_topic(broker.bootstrap, "stall-out", 1)
+    pipeline = Pipeline("stall")
+
+    @pipeline.stage(source="stall-in", sink="stall-out")
+    def copy(rows: DataFrame) -> DataFrame:
+        return rows.select("value")
+
+    stop = threading.Event()
+    stalled: list[logging.LogRecord] = []
+
+    class StallHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "stage finished no batch for a while":
+                stalled.append(record)
+                stop.set()
+
+    handler = StallHandler()
+    logger = logging.getLogger("strom.pipeline")
+    logger.addHandler(handler)
+    give_up = threading.Timer(60, stop.set)
+    give_up.start()
+    try:
+        # In this thread, as `strom pipeline run` does; the first stall warning stops the run.
+        runner = PipelineRunner(pipeline, spark, bootstrap=broker.bootstrap, checkpoint_dir=tmp_path, trigger="200 milliseconds")
+        runner.run(stop)
+    finally:
+        give_up.cancel()
+        logger.removeHandler(handler)
+    assert stalled, "no stall warning within 60 s"
+    record = stalled[0]
+    fields = record.__dict__  # the record's structured fields
+    assert (record.levelno, fields["stage"], fields["last_batch"]) == (logging.WARNING, "copy", -1)
+    status = json.loads(fields["query_status"])
+    assert set(status) == {"message", "isDataAvailable", "isTriggerActive"}
+    assert status["isDataAvailable"] is False

@@ -42,6 +42,7 @@ import runpy
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ log = logging.getLogger("strom.pipeline")
 STATUS_FILE = "strom-status.json"
 EXACTLY_ONCE, AT_LEAST_ONCE = "exactly-once", "at-least-once"
 DEFAULT_TRIGGER = "1 second"
+# A stage with no finished batch for this long is logged with what its query is doing (and again
+# every period): a run that seems to hang says where.
+STALL_LOG_S = 60.0
 OUTPUT_MODES = ("append", "update", "complete")
 # Stage and pipeline names become query names, group ids and folder names.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -424,6 +428,7 @@ class _Running:
     query: StreamingQuery
     status: StageStatus
     last_batch: int = -1
+    next_stall_log: float = field(default_factory=lambda: time.monotonic() + STALL_LOG_S)
 
 
 class PipelineRunner:
@@ -553,13 +558,27 @@ class PipelineRunner:
         return True
 
     def _poll(self, running: _Running) -> None:
-        """Record the batches finished since the last look."""
+        """Record the batches finished since the last look; log a stage that finished none for
+        STALL_LOG_S with its query's status (Spark's own words for where it is)."""
+        now = time.monotonic()
+        if now >= running.next_stall_log:
+            running.next_stall_log = now + STALL_LOG_S
+            with contextlib.suppress(Exception):  # the query may be going away meanwhile
+                log.warning(
+                    "stage finished no batch for a while",
+                    extra={
+                        "stage": running.stage.name,
+                        "last_batch": running.last_batch,
+                        "query_status": json.dumps(running.query.status, sort_keys=True),
+                    },
+                )
         for progress in running.query.recentProgress:
             # An idle trigger reports progress too (every 10 s), under the id of the batch
             # that has not run yet; only a batch that ran has added to its sink.
             if progress.batchId <= running.last_batch or "addBatch" not in (progress.durationMs or {}):
                 continue
             running.last_batch = progress.batchId
+            running.next_stall_log = time.monotonic() + STALL_LOG_S
             running.status.progress(progress)
             log.info(
                 "batch done",

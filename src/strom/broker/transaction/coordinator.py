@@ -42,6 +42,9 @@ S = TransactionState
 # Between rounds of markers to partitions without a leader or that failed.
 MARKER_RETRY_BACKOFF_S = 0.1
 MAX_MARKER_RETRY_BACKOFF_S = 2.0
+# A transaction whose markers are still not all written after this long is logged (again every
+# period): until then its id answers CONCURRENT_TRANSACTIONS, and an operator needs to see why.
+MARKER_STALL_LOG_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,16 +316,22 @@ class TransactionCoordinator:
         producer_id, producer_epoch = metadata.producer_id, metadata.producer_epoch
         pending = set(metadata.partitions)
         backoff = MARKER_RETRY_BACKOFF_S
+        started = time.monotonic()
+        next_stall_log = started + MARKER_STALL_LOG_S
         while pending:
             if not self.state.is_current(transactional_id, coordinator_epoch):
                 return
             by_leader: dict[int, list[TopicPartition]] = {}
+            # Why each partition is still pending, for the stall log: an error or "no leader".
+            why: dict[TopicPartition, str] = {}
             for tp in list(pending):
                 leader = self._leader_of(tp)
                 if leader is None:
                     pending.discard(tp)  # deleted: nothing to mark
                 elif leader >= 0:
                     by_leader.setdefault(leader, []).append(tp)
+                else:
+                    why[tp] = "no leader"
             sends = [
                 self._markers.send(
                     leader, TxnMarker(producer_id, producer_epoch, coordinator_epoch, result, tuple(tps))
@@ -347,7 +356,21 @@ class TransactionCoordinator:
                             extra={"transactional_id": transactional_id, "partition": str(tp)},
                         )
                         pending.discard(tp)
+                    else:
+                        why[tp] = error.name
             if pending:
+                now = time.monotonic()
+                if now >= next_stall_log:
+                    next_stall_log = now + MARKER_STALL_LOG_S
+                    log.warning(
+                        "transaction markers not all written yet; retrying",
+                        extra={
+                            "transactional_id": transactional_id,
+                            "result": result.name,
+                            "seconds": round(now - started, 1),
+                            "pending": ", ".join(f"{tp}: {why.get(tp, '?')}" for tp in sorted(pending, key=str)),
+                        },
+                    )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_MARKER_RETRY_BACKOFF_S)
         backoff = MARKER_RETRY_BACKOFF_S
