@@ -43,6 +43,8 @@ class FakeReplicaManager:
 
     error: ErrorCode = ErrorCode.none
     records: list[tuple[str, Any]] = field(default_factory=list)
+    # When set, an append waits for it after taking its records (a write waiting for the ISR).
+    replicated: asyncio.Event | None = None
 
     async def append(self, acks: int, entries: list[tuple[TopicPartition, bytes]], timeout_ms: int) -> Any:
         ((tp, batch),) = entries
@@ -52,6 +54,8 @@ class FakeReplicaManager:
                     assert record.key is not None
                     value = None if record.value is None else decode_value(record.value)
                     self.records.append((decode_key(record.key), value))
+        if self.replicated is not None:
+            await self.replicated.wait()
         return {tp: ProduceResult(self.error)}
 
     def partition(self, tp: TopicPartition) -> None:
@@ -383,3 +387,38 @@ def test_unowned_partitions_answer_not_coordinator(harness: Harness) -> None:
     state.unload(state.partition_of(TID))
     assert run(harness, harness.coordinator.init_producer_id(TID, 1000, None)).error == E.not_coordinator
     assert run(harness, harness.coordinator.end_transaction(TID, PID, EPOCH, True)) == E.not_coordinator
+
+
+CALLS = {
+    # call -> (state before, the call, state after once settled)
+    "end_txn": (S.ONGOING, lambda c: c.end_transaction(TID, PID, EPOCH, True), S.COMPLETE_COMMIT),
+    "add_partitions": (S.ONGOING, lambda c: c.add_partitions(TID, PID, EPOCH, {T1}), S.ONGOING),
+    "init_producer_id": (S.COMPLETE_ABORT, lambda c: c.init_producer_id(TID, 1000, None), S.EMPTY),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_a_client_that_goes_away_during_a_write_leaves_no_pending_transition(harness: Harness, name: str) -> None:
+    """The connection closes while the call's transition waits for the ISR (the broker cancels
+    the connection's handler): the write still completes the transition, and a decided EndTxn
+    still gets its markers, instead of the id answering CONCURRENT_TRANSACTIONS forever."""
+    before, call, after = CALLS[name]
+    in_state(harness, before)
+    harness.log.replicated = asyncio.Event()
+
+    async def disconnect_mid_write() -> None:
+        handler = asyncio.ensure_future(call(harness.coordinator))
+        while not harness.log.records:
+            await asyncio.sleep(0)
+        handler.cancel()  # what the network layer does when the client goes away
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        assert harness.log.replicated is not None
+        harness.log.replicated.set()
+        await harness.settle()
+
+    run(harness, disconnect_mid_write())
+    metadata = harness.metadata()
+    assert (metadata.state, metadata.pending_state) == (after, None)
+    if name == "end_txn":
+        assert [m.result for m in harness.markers.sent] == [ControlRecordType.COMMIT]

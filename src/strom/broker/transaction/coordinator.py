@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from strom.broker.partition import TopicPartition
 from strom.broker.transaction.log_records import TransactionState
@@ -37,6 +37,8 @@ from strom.protocol.errors import ErrorCode
 from strom.records.control import ControlRecordType
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 S = TransactionState
 # Between rounds of markers to partitions without a leader or that failed.
@@ -100,9 +102,27 @@ class TransactionCoordinator:
         if self._stopped:
             coro.close()
             return
+        self._track(coro).add_done_callback(_log_failure)
+
+    def _track(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _detached(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a producer's call to its end even if the caller is cancelled (the broker cancels
+        a connection's handler when its client goes away): a transition written to the log must
+        still be completed or abandoned in memory, and a decided transaction still needs its
+        markers, or the id would answer CONCURRENT_TRANSACTIONS until the next coordinator."""
+        if self._stopped:
+            return await coro
+        task = self._track(coro)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_log_failure)  # nobody else will see how it ended
+            raise
 
     def on_become_leader(self, tp: TopicPartition, leader_epoch: int) -> None:
         if (
@@ -131,6 +151,11 @@ class TransactionCoordinator:
         self, transactional_id: str, timeout_ms: int, expected: tuple[int, int] | None
     ) -> InitProducerIdResult:
         """``expected``: the (producer id, epoch) a KIP-360 client sends to bump its own epoch."""
+        return await self._detached(self._init_producer_id(transactional_id, timeout_ms, expected))
+
+    async def _init_producer_id(
+        self, transactional_id: str, timeout_ms: int, expected: tuple[int, int] | None
+    ) -> InitProducerIdResult:
         if not transactional_id:
             return InitProducerIdResult(ErrorCode.invalid_request)
         if not 0 < timeout_ms <= self.config.max_timeout_ms:
@@ -212,6 +237,11 @@ class TransactionCoordinator:
     async def add_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: set[TopicPartition]
     ) -> ErrorCode:
+        return await self._detached(self._add_partitions(transactional_id, producer_id, producer_epoch, partitions))
+
+    async def _add_partitions(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: set[TopicPartition]
+    ) -> ErrorCode:
         error, coordinator_epoch, metadata = self._producer_error(transactional_id, producer_id, producer_epoch)
         if metadata is None:
             return error
@@ -254,6 +284,13 @@ class TransactionCoordinator:
         *,
         from_client: bool = True,
     ) -> ErrorCode:
+        return await self._detached(
+            self._end_transaction(transactional_id, producer_id, producer_epoch, commit, from_client)
+        )
+
+    async def _end_transaction(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool, from_client: bool
+    ) -> ErrorCode:
         if not transactional_id:
             return ErrorCode.invalid_request
         error, coordinator_epoch, metadata = self.state.get(transactional_id)
@@ -285,7 +322,7 @@ class TransactionCoordinator:
         return ErrorCode.invalid_txn_state  # Empty (nothing to end), Dead
 
     async def _fence_and_abort(self, metadata: TransactionMetadata, epoch: int) -> None:
-        error = await self.end_transaction(
+        error = await self._end_transaction(
             metadata.transactional_id, metadata.producer_id, epoch, commit=False, from_client=False
         )
         if error != ErrorCode.none:
@@ -338,8 +375,21 @@ class TransactionCoordinator:
                 )
                 for leader, tps in by_leader.items()
             ]
-            for errors in await asyncio.gather(*sends):
-                for tp, error in errors.items():
+            for (leader, tps), answer in zip(
+                by_leader.items(), await asyncio.gather(*sends, return_exceptions=True), strict=True
+            ):
+                if isinstance(answer, BaseException):
+                    if isinstance(answer, asyncio.CancelledError):
+                        raise answer
+                    # Not a Kafka error: say it, and retry as for a leader that cannot be reached.
+                    log.error(
+                        "sending transaction markers failed",
+                        extra={"transactional_id": transactional_id, "broker": leader},
+                        exc_info=answer,
+                    )
+                    why.update(dict.fromkeys(tps, type(answer).__name__))
+                    continue
+                for tp, error in answer.items():
                     if error == ErrorCode.none:
                         pending.discard(tp)
                     elif error == ErrorCode.transaction_coordinator_fenced:
@@ -424,3 +474,12 @@ class TransactionCoordinator:
                 self.state.remove(metadata)
                 removed += 1
         return removed
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    """A coordinator task nobody waits for ended: an exception would otherwise pass unseen."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        log.error("a transaction coordinator task failed", exc_info=error)

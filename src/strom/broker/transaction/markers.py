@@ -21,9 +21,9 @@ from typing import Any, Protocol
 from strom.broker.coordinator.group_metadata_manager import OFFSETS_TOPIC
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ReplicaManager
-from strom.network.connection import BrokerConnection, KafkaConnectionError
+from strom.network.connection import BrokerConnection
 from strom.protocol.apis import ApiKey, request_module
-from strom.protocol.errors import ErrorCode
+from strom.protocol.errors import ErrorCode, ProtocolError
 from strom.protocol.messages import build
 from strom.records.control import ControlRecordType
 
@@ -109,11 +109,12 @@ class TransactionMarkerChannel:
 
     async def request(self, broker_id: int, request: Any) -> Any | None:
         """Send ``request`` to another broker over its inter-broker listener; None when it cannot
-        be reached or does not answer in time (the connection is then opened again next time)."""
+        be reached, does not answer in time or answers unreadable bytes (the connection is then
+        opened again next time)."""
         try:
             connection = await self._connection(broker_id)
             return await connection.send(request, timeout=self._request_timeout_ms / 1000 + 5)
-        except (KafkaConnectionError, ConnectionError, OSError, TimeoutError) as e:
+        except (OSError, ProtocolError) as e:  # connection errors and timeouts are OSErrors
             self._close(broker_id)
             log.info("cannot reach a broker for a transaction", extra={"broker": broker_id, "error": str(e)})
             return None
