@@ -14,13 +14,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from strom.client.admin import AsyncAdminClient
 from strom.client.config import ADMIN, ConfigKey
+from strom.client.errors import KafkaException
 
 HERE = Path(__file__).parent
 # Each module in strom.console.pages has ``routes`` (its Starlette routes) and ``NAV`` (the
@@ -115,6 +116,14 @@ def create_app(config: ConsoleConfig) -> Starlette:
     async def home(request: Request) -> Response:
         return RedirectResponse("/cluster")
 
+    async def cluster_error(request: Request, exc: Exception) -> Response:
+        """What a page could not get from the cluster (unreachable, timed out, refused): a page
+        saying so, not a bare 500; a live fragment keeps what it shows (console.js)."""
+        message = str(exc) or type(exc).__name__
+        if request.headers.get("x-fragment") == "1":
+            return PlainTextResponse(message, status_code=503)
+        return console(request).render(request, "cluster_error.html", status_code=503, message=message)
+
     return Starlette(
         routes=[
             Route("/", home),
@@ -122,5 +131,6 @@ def create_app(config: ConsoleConfig) -> Starlette:
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
         middleware=[Middleware(ReadOnly)],
+        exception_handlers={KafkaException: cluster_error},
         lifespan=lifespan,
     )
