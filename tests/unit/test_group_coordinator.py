@@ -18,7 +18,7 @@ import asyncio
 import struct
 from typing import Any
 
-from strom.broker.coordinator.group import OffsetAndMetadata
+from strom.broker.coordinator.group import GroupState, OffsetAndMetadata
 from strom.broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator, JoinRequest
 from strom.broker.coordinator.group_metadata_manager import AppendOutcome
 from strom.broker.coordinator.loader import CoordinatorLoader
@@ -357,6 +357,55 @@ def test_unloading_a_group_answers_its_waiting_requests_not_coordinator() -> Non
         # The commit was refused while the group was completing its rebalance, before any write.
         assert await committing == {OTHER: ErrorCode.rebalance_in_progress}
         assert coordinator.coordinator_error("g") == ErrorCode.not_coordinator
+        coordinator.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_goes_away_during_a_write_still_has_it_applied() -> None:
+    """The connection closes while a commit and a leader's assignment wait for the ISR (the broker
+    cancels the connection's handler): once written, the offsets are applied and the group is
+    Stable, as in Kafka, instead of the log and the coordinator's memory disagreeing."""
+
+    async def scenario() -> None:
+        coordinator, clock, manager = gated_coordinator()
+        coordinator.startup()
+        joined = await coordinator.join_group(
+            JoinRequest(
+                group_id="g",
+                member_id="",
+                group_instance_id=None,
+                client_id="c",
+                client_host="/127.0.0.1",
+                session_timeout_ms=RETENTION_MS,
+                rebalance_timeout_ms=1000,
+                protocol_type="consumer",
+                protocols=[("range", subscription(SUBSCRIBED.topic))],
+                require_known_member_id=False,
+                supports_skip_assignment=True,
+            )
+        )
+        syncing = asyncio.ensure_future(
+            coordinator.sync_group("g", joined.generation_id, joined.member_id, None, None, None, {joined.member_id: b"a"})
+        )
+        await settle()
+        assert [kind for kind, _ in manager.writes] == ["group"]
+        syncing.cancel()  # the leader's connection closed
+        manager.writes[0][1].set_result(ErrorCode.none)
+        await settle()
+        group = coordinator.group("g")
+        assert group is not None and group.is_(GroupState.STABLE)
+
+        offsets = {SUBSCRIBED: OffsetAndMetadata(42, -1, "", clock.now)}
+        committing = asyncio.ensure_future(
+            coordinator.commit_offsets("g", joined.generation_id, joined.member_id, None, offsets, 8)
+        )
+        await settle()
+        assert [kind for kind, _ in manager.writes] == ["group", "offsets 42"]
+        committing.cancel()
+        manager.writes[1][1].set_result(ErrorCode.none)
+        await settle()
+        assert coordinator.fetch_offsets("g", [SUBSCRIBED])[SUBSCRIBED].offset == 42  # type: ignore[union-attr]
         coordinator.shutdown()
 
     asyncio.run(scenario())

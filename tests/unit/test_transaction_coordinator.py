@@ -103,8 +103,8 @@ class Harness:
         """Let background work (markers, Complete writes, fence aborts) finish."""
         for _ in range(50):
             await asyncio.sleep(0)
-        while self.coordinator._tasks:
-            await asyncio.wait(self.coordinator._tasks, timeout=5)
+        while self.coordinator._tasks.pending:
+            await asyncio.wait(self.coordinator._tasks.pending, timeout=5)
 
 
 @pytest.fixture()

@@ -38,6 +38,7 @@ from strom.broker.coordinator.group_metadata_manager import (
     GroupMetadataManager,
     TransactionalProducer,
 )
+from strom.broker.detached import DetachedTasks
 from strom.broker.partition import TopicPartition
 from strom.protocol.errors import ErrorCode
 
@@ -96,6 +97,9 @@ class GroupCoordinator:
         # started in. Their groups answer COORDINATOR_LOAD_IN_PROGRESS until the load is adopted.
         self._loading: dict[int, int] = {}
         self._load_tasks: set[asyncio.Task[None]] = set()
+        # A member's write and what follows from it run to their end even if its client goes
+        # away meanwhile: committed records are applied, an assignment reaches the waiting members.
+        self._writes = DetachedTasks(log)
         self._stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -116,6 +120,7 @@ class GroupCoordinator:
 
     def shutdown(self) -> None:
         self._stopped = True
+        self._writes.cancel_all()
         self._loading.clear()
         for task in self._load_tasks:
             task.cancel()
@@ -705,7 +710,7 @@ class GroupCoordinator:
         future: asyncio.Future[SyncResult] = self.loop.create_future()
         member.sync_future = future
         if group.is_leader(member_id):
-            await self._store_assignment(group, generation_id, assignments)
+            await self._writes.run(self._store_assignment(group, generation_id, assignments))
         return await future
 
     async def _store_assignment(
@@ -812,19 +817,21 @@ class GroupCoordinator:
         group = self._groups[group_id]
         results, valid = self._split_by_metadata_size(offsets)
         if valid:
-            # Applied once the ISR holds the records, under the group's write lock: commits of a
-            # group take effect in their log order, and a commit read back never goes backwards.
-            async with group.write_lock:
-                if self._is_current(group):
-                    outcome = await self._manager.store_offsets(group_id, valid)
-                    error = outcome.error
-                    if error == ErrorCode.none:
-                        group.commit_offsets(valid, outcome.base_offset)
-                else:
-                    error = self._gone_error(group_id)
+            error = await self._writes.run(self._store_offsets(group, valid))
             for tp in valid:
                 results[tp] = error
         return results
+
+    async def _store_offsets(self, group: ClassicGroup, offsets: dict[TopicPartition, OffsetAndMetadata]) -> ErrorCode:
+        """Applied once the ISR holds the records, under the group's write lock: commits of a
+        group take effect in their log order, and a commit read back never goes backwards."""
+        async with group.write_lock:
+            if not self._is_current(group):
+                return self._gone_error(group.group_id)
+            outcome = await self._manager.store_offsets(group.group_id, offsets)
+            if outcome.error == ErrorCode.none:
+                group.commit_offsets(offsets, outcome.base_offset)
+            return outcome.error
 
     async def commit_transactional_offsets(
         self,
@@ -854,23 +861,31 @@ class GroupCoordinator:
                 results.update(dict.fromkeys(valid, error))
                 return results
         if valid:
-            async with group.write_lock:
-                if self._is_current(group):
-                    outcome = await self._manager.store_offsets(group_id, valid, producer, guard)
-                    error = outcome.error
-                    # A marker that landed while the write waited for the ISR (the coordinator
-                    # aborting the transaction on its timeout) has ended it: nothing is pending.
-                    if error == ErrorCode.none and self._manager.transaction_open(
-                        group_id, producer.producer_id
-                    ):
-                        pending = group.pending_txn_offsets.setdefault(producer.producer_id, {})
-                        for tp, offset in valid.items():
-                            pending[tp] = (offset, outcome.base_offset)
-                else:
-                    error = self._gone_error(group_id)
+            error = await self._writes.run(self._store_transactional_offsets(group, valid, producer, guard))
             for tp in valid:
                 results[tp] = error
         return results
+
+    async def _store_transactional_offsets(
+        self,
+        group: ClassicGroup,
+        offsets: dict[TopicPartition, OffsetAndMetadata],
+        producer: TransactionalProducer,
+        guard: object | None,
+    ) -> ErrorCode:
+        async with group.write_lock:
+            if not self._is_current(group):
+                return self._gone_error(group.group_id)
+            outcome = await self._manager.store_offsets(group.group_id, offsets, producer, guard)
+            # A marker that landed while the write waited for the ISR (the coordinator aborting
+            # the transaction on its timeout) has ended it: nothing is pending.
+            if outcome.error == ErrorCode.none and self._manager.transaction_open(
+                group.group_id, producer.producer_id
+            ):
+                pending = group.pending_txn_offsets.setdefault(producer.producer_id, {})
+                for tp, offset in offsets.items():
+                    pending[tp] = (offset, outcome.base_offset)
+            return outcome.error
 
     def _split_by_metadata_size(
         self, offsets: dict[TopicPartition, OffsetAndMetadata]

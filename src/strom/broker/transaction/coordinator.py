@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
+from strom.broker.detached import DetachedTasks
 from strom.broker.partition import TopicPartition
 from strom.broker.transaction.log_records import TransactionState
 from strom.broker.transaction.markers import TransactionMarkerChannel, TxnMarker
@@ -37,8 +37,6 @@ from strom.protocol.errors import ErrorCode
 from strom.records.control import ControlRecordType
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 S = TransactionState
 # Between rounds of markers to partitions without a leader or that failed.
@@ -84,8 +82,9 @@ class TransactionCoordinator:
         # a single node is told about each partition when the topic is loaded or created.
         self.follows_leadership = follows_leadership
         self._time_ms = time_ms
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._stopped = False
+        # Markers, fence aborts and loads in the background; a producer's calls run detached from
+        # its connection, so a written transition is always applied (strom.broker.detached).
+        self._tasks = DetachedTasks(log)
 
     def time_ms(self) -> int:
         return self._time_ms()
@@ -93,44 +92,12 @@ class TransactionCoordinator:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        self._stopped = True
-        for task in self._tasks:
-            task.cancel()
+        self._tasks.cancel_all()
         self._markers.close()
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        if self._stopped:
-            coro.close()
-            return
-        self._track(coro).add_done_callback(_log_failure)
-
-    def _track(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def _detached(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a producer's call to its end even if the caller is cancelled (the broker cancels
-        a connection's handler when its client goes away): a transition written to the log must
-        still be completed or abandoned in memory, and a decided transaction still needs its
-        markers, or the id would answer CONCURRENT_TRANSACTIONS until the next coordinator."""
-        if self._stopped:
-            return await coro
-        task = self._track(coro)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(_log_failure)  # nobody else will see how it ended
-            raise
-
     def on_become_leader(self, tp: TopicPartition, leader_epoch: int) -> None:
-        if (
-            tp.topic == TRANSACTION_STATE_TOPIC
-            and not self._stopped
-            and not self.state.coordinates(tp.partition, leader_epoch)
-        ):
-            self._spawn(self._load(tp.partition, leader_epoch))
+        if tp.topic == TRANSACTION_STATE_TOPIC and not self.state.coordinates(tp.partition, leader_epoch):
+            self._tasks.spawn(self._load(tp.partition, leader_epoch))
 
     def on_become_follower(self, tp: TopicPartition) -> None:
         if tp.topic == TRANSACTION_STATE_TOPIC:
@@ -143,7 +110,7 @@ class TransactionCoordinator:
         # Decided transactions whose markers may not all have been written: finish them.
         for metadata in loaded.transactions:
             if metadata.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
-                self._spawn(self._complete_transaction(metadata, loaded.coordinator_epoch))
+                self._tasks.spawn(self._complete_transaction(metadata, loaded.coordinator_epoch))
 
     # --- InitProducerId ------------------------------------------------------------------------
 
@@ -151,7 +118,7 @@ class TransactionCoordinator:
         self, transactional_id: str, timeout_ms: int, expected: tuple[int, int] | None
     ) -> InitProducerIdResult:
         """``expected``: the (producer id, epoch) a KIP-360 client sends to bump its own epoch."""
-        return await self._detached(self._init_producer_id(transactional_id, timeout_ms, expected))
+        return await self._tasks.run(self._init_producer_id(transactional_id, timeout_ms, expected))
 
     async def _init_producer_id(
         self, transactional_id: str, timeout_ms: int, expected: tuple[int, int] | None
@@ -190,7 +157,7 @@ class TransactionCoordinator:
             # A new producer for this id while a transaction is open: abort it with a bumped
             # epoch (fencing the old producer); the client retries until the abort completes.
             metadata.prepare_fence_epoch()
-            self._spawn(self._fence_and_abort(metadata, metadata.producer_epoch))
+            self._tasks.spawn(self._fence_and_abort(metadata, metadata.producer_epoch))
             return InitProducerIdResult(ErrorCode.concurrent_transactions)
         if metadata.state not in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT):
             return InitProducerIdResult(ErrorCode.concurrent_transactions)  # Dead: being removed
@@ -237,7 +204,7 @@ class TransactionCoordinator:
     async def add_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: set[TopicPartition]
     ) -> ErrorCode:
-        return await self._detached(self._add_partitions(transactional_id, producer_id, producer_epoch, partitions))
+        return await self._tasks.run(self._add_partitions(transactional_id, producer_id, producer_epoch, partitions))
 
     async def _add_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: set[TopicPartition]
@@ -284,7 +251,7 @@ class TransactionCoordinator:
         *,
         from_client: bool = True,
     ) -> ErrorCode:
-        return await self._detached(
+        return await self._tasks.run(
             self._end_transaction(transactional_id, producer_id, producer_epoch, commit, from_client)
         )
 
@@ -309,7 +276,7 @@ class TransactionCoordinator:
             )
             error = await self._write(metadata, coordinator_epoch, transition)
             if error == ErrorCode.none:
-                self._spawn(self._complete_transaction(metadata, coordinator_epoch))
+                self._tasks.spawn(self._complete_transaction(metadata, coordinator_epoch))
             return error
         if state == S.COMPLETE_COMMIT:
             return ErrorCode.none if commit else ErrorCode.invalid_txn_state
@@ -455,7 +422,7 @@ class TransactionCoordinator:
                     },
                 )
                 metadata.prepare_fence_epoch()
-                self._spawn(self._fence_and_abort(metadata, metadata.producer_epoch))
+                self._tasks.spawn(self._fence_and_abort(metadata, metadata.producer_epoch))
                 aborted += 1
         return aborted
 
@@ -475,11 +442,3 @@ class TransactionCoordinator:
                 removed += 1
         return removed
 
-
-def _log_failure(task: asyncio.Task[Any]) -> None:
-    """A coordinator task nobody waits for ended: an exception would otherwise pass unseen."""
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None:
-        log.error("a transaction coordinator task failed", exc_info=error)
