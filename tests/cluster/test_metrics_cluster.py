@@ -5,10 +5,11 @@ to 0. Three brokers, each with metrics.listener set, scraped over HTTP."""
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import Producer
 
 from brokerproc import free_port
 from cluster_harness import Cluster, broker_host
-from metrics_scrape import Metrics
+from metrics_scrape import Metrics, Scrape
 
 pytestmark = pytest.mark.cluster
 
@@ -49,3 +50,39 @@ def test_a_stopped_follower_shows_as_under_replication_until_it_rejoins(cluster:
         "URP 0 and an expansion",
         show="replicamanager",
     )
+
+
+def test_followers_fetches_count_as_fetch_follower_and_replication_bytes(cluster: Cluster) -> None:
+    """Kafka splits Fetch by who asks: on a leader, its followers' fetches count under
+    FetchFollower (and Fetch), and the record bytes they copy as replication bytes out, not as a
+    topic's bytes out to consumers."""
+    topic = "metrics-follower-fetch"
+    cluster.create_topic(topic, assignments={0: [1, 2, 3]})
+    cluster.wait_for_full_isr(topic, [0])
+    leader = cluster.wait_for_leader(topic, 0).leader
+    metrics = METRICS[leader]
+    before = metrics.scrape()
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(20):
+        producer.produce(topic, value=b"x" * 100, key=str(i).encode(), partition=0)
+    assert producer.flush(30) == 0  # acks=all: both followers fetched every record
+    requests = "kafka_network_requestmetrics_requests_total"
+
+    def fetches(scrape: Scrape, request: str) -> float:
+        """Requests of every version."""
+        return sum(
+            value
+            for (name, labels), value in scrape.samples.items()
+            if name == requests and ("request", request) in labels
+        )
+
+    after = metrics.until(
+        lambda s: s.get_or_zero("kafka_server_brokertopicmetrics_replicationbytesout_total")
+        > before.get_or_zero("kafka_server_brokertopicmetrics_replicationbytesout_total"),
+        "replication bytes out",
+        show="replicationbytesout",
+    )
+    followed = fetches(after, "FetchFollower") - fetches(before, "FetchFollower")
+    assert followed > 0
+    assert fetches(after, "Fetch") - fetches(before, "Fetch") >= followed
+    assert after.get_or_zero("kafka_server_brokertopicmetrics_bytesout_total", topic=topic) == 0

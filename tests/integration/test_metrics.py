@@ -124,8 +124,15 @@ def test_fetch_counts_bytes_out_and_its_long_poll_as_remote_time(broker: BrokerP
         - before.get_or_zero(requests, request="Fetch", version=12)
         == 2
     )
+    # A consumer's fetches count under FetchConsumer too (Kafka's split of Fetch), no follower here.
+    for request in ("Fetch", "FetchConsumer"):
+        assert after.get_or_zero(requests, request=request, version=12) - before.get_or_zero(
+            requests, request=request, version=12
+        ) == 2, request
+    assert after.get_or_zero(requests, request="FetchFollower", version=12) == 0
     remote = "kafka_network_requestmetrics_remotetimems_sum"
-    assert after.get_or_zero(remote, request="Fetch") - before.get_or_zero(remote, request="Fetch") >= 250
+    for request in ("Fetch", "FetchConsumer"):
+        assert after.get_or_zero(remote, request=request) - before.get_or_zero(remote, request=request) >= 250
 
 
 def test_errors_are_counted_by_api_and_name(broker: BrokerProcess) -> None:

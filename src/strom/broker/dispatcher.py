@@ -105,10 +105,17 @@ class RequestDispatcher:
     def __init__(self, broker: Broker, handlers: dict[ApiKey, Handler]) -> None:
         self._broker = broker
         self._handlers = handlers
-        # Per API key, its request metrics (read by strom.broker.metrics at scrape time).
+        # Per API key, its request metrics (read by strom.broker.metrics at scrape time); a Fetch
+        # is recorded as FetchConsumer or FetchFollower too, as Kafka does.
         self.request_stats: dict[int, RequestStats] = {
             int(key): RequestStats(request_name(key)) for key in SUPPORTED_VERSIONS
         }
+        fetch = self.request_stats[ApiKey.FETCH]
+        self._fetch_consumer = RequestStats(fetch.name + "Consumer", fetch)
+        self._fetch_follower = RequestStats(fetch.name + "Follower", fetch)
+
+    def all_request_stats(self) -> list[RequestStats]:
+        return [*self.request_stats.values(), self._fetch_consumer, self._fetch_follower]
 
     async def handle(self, connection: KafkaConnection, frame: memoryview) -> Response:
         try:
@@ -141,7 +148,11 @@ class RequestDispatcher:
                     )
         except ProtocolError as exc:
             raise CloseConnection(f"malformed {key.name} v{version} request: {exc}") from exc
-        stats = connection.request_stats = self.request_stats[api_key]
+        if key == ApiKey.FETCH:
+            stats = self._fetch_follower if _replica_id(version, request) >= 0 else self._fetch_consumer
+        else:
+            stats = self.request_stats[api_key]
+        connection.request_stats = stats
         stats.received(version, len(frame) + 4)
         handler = self._handlers[key]
         response = await handler(RequestContext(header, self._broker, connection), request)
@@ -163,12 +174,14 @@ class RequestDispatcher:
     def _count_fetch(self, version: int, request: Any, stats: RequestStats, response: Any) -> None:
         by_id = version >= 13
         sizes: dict[Any, int] = {}
-        count_fetch(response, by_id, stats.errors, sizes)
+        errors: dict[int, int] = {}
+        count_fetch(response, by_id, errors, sizes)
+        if errors:
+            stats.count_errors(errors)
         if not sizes:
             return
         topic_stats: BrokerTopicStats = self._broker.replica_manager.topic_stats
-        replica_id = request.replica_state.replica_id if version >= 15 else getattr(request, "replica_id", -1)
-        if replica_id >= 0:  # a follower's fetch: Kafka's ReplicationBytesOutPerSec
+        if stats is self._fetch_follower:  # Kafka's ReplicationBytesOutPerSec
             topic_stats.replication_bytes_out += sum(sizes.values())
             return
         image = self._broker.control_plane.image
@@ -185,3 +198,9 @@ class RequestDispatcher:
     ) -> list[bytes] | None:
         response = await completion
         return None if response is None else self._encode(header, request, stats, response)
+
+
+def _replica_id(version: int, request: Any) -> int:
+    """A Fetch's replica id: a follower's broker id, or negative for a consumer."""
+    replica_id: int = request.replica_state.replica_id if version >= 15 else getattr(request, "replica_id", -1)
+    return replica_id

@@ -80,12 +80,17 @@ def error_name(code: int) -> str:
 
 
 class RequestStats:
-    """One API's requests: count by version, errors by code, latency and size histograms."""
+    """One API's requests: count by version, errors by code, latency and size histograms.
+
+    ``parent``: Kafka's split of Fetch into FetchConsumer and FetchFollower records each request
+    under its part and under Fetch as well (RequestChannel's metric names); a part passes what
+    it records on to its parent."""
 
     __slots__ = (
         "errors",
         "local",
         "name",
+        "parent",
         "queue",
         "remote",
         "request_bytes",
@@ -96,8 +101,9 @@ class RequestStats:
         "versions",
     )  # fmt: skip
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, parent: RequestStats | None = None) -> None:
         self.name = name
+        self.parent = parent
         self.versions: dict[int, int] = {}
         self.errors: dict[int, int] = {}
         self.total = Histogram(LATENCY_MS_BUCKETS)
@@ -113,6 +119,8 @@ class RequestStats:
         versions = self.versions
         versions[version] = versions.get(version, 0) + 1
         self.request_bytes.observe(size)
+        if self.parent is not None:
+            self.parent.received(version, size)
 
     def responded(
         self,
@@ -135,6 +143,14 @@ class RequestStats:
         self.send.observe((written - write_start) * 1000)
         self.total.observe((written - received) * 1000)
         self.response_bytes.observe(response_size)
+        if self.parent is not None:
+            self.parent.responded(received, dequeued, handled, ready, write_start, written, waited, response_size)
+
+    def count_errors(self, errors: dict[int, int]) -> None:
+        """Add ``errors`` (code -> count) here and to the parent."""
+        _merge(self.errors, errors)
+        if self.parent is not None:
+            _merge(self.parent.errors, errors)
 
 
 class TopicStats:
