@@ -15,6 +15,7 @@ OffsetExpirationConditionImpl and OffsetMetadataManager.cleanupExpiredOffsets):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import struct
 from typing import Any
 
@@ -110,26 +111,30 @@ def subscription(*topics: str) -> bytes:
     return out + struct.pack(">i", -1)
 
 
+def first_join(group: str) -> JoinRequest:
+    """A new consumer's JoinGroup subscribed to SUBSCRIBED's topic; its session never expires
+    while the fake clock runs."""
+    return JoinRequest(
+        group_id=group,
+        member_id="",
+        group_instance_id=None,
+        client_id="c",
+        client_host="/127.0.0.1",
+        session_timeout_ms=RETENTION_MS,
+        rebalance_timeout_ms=1000,
+        protocol_type="consumer",
+        protocols=[("range", subscription(SUBSCRIBED.topic))],
+        require_known_member_id=False,
+        supports_skip_assignment=True,
+    )
+
+
 async def stable_member(
     coordinator: GroupCoordinator, group: str, protocol_type: str = "consumer"
 ) -> tuple[str, int]:
     """A one-member Stable group subscribed to SUBSCRIBED's topic; (member id, generation)."""
     coordinator.startup()
-    joined = await coordinator.join_group(
-        JoinRequest(
-            group_id=group,
-            member_id="",
-            group_instance_id=None,
-            client_id="c",
-            client_host="/127.0.0.1",
-            session_timeout_ms=RETENTION_MS,  # never expires while the fake clock runs
-            rebalance_timeout_ms=1000,
-            protocol_type=protocol_type,
-            protocols=[("range", subscription(SUBSCRIBED.topic))],
-            require_known_member_id=False,
-            supports_skip_assignment=True,
-        )
-    )
+    joined = await coordinator.join_group(dataclasses.replace(first_join(group), protocol_type=protocol_type))
     assert joined.error == ErrorCode.none
     synced = await coordinator.sync_group(
         group, joined.generation_id, joined.member_id, None, None, None, {joined.member_id: b""}
@@ -324,21 +329,7 @@ def test_unloading_a_group_answers_its_waiting_requests_not_coordinator() -> Non
         offsets_tp = TopicPartition("__consumer_offsets", 0)
         coordinator.on_become_leader(offsets_tp, 0)
         await settle()  # the (empty) partition loads
-        joined = await coordinator.join_group(
-            JoinRequest(
-                group_id="g",
-                member_id="",
-                group_instance_id=None,
-                client_id="c",
-                client_host="/127.0.0.1",
-                session_timeout_ms=RETENTION_MS,
-                rebalance_timeout_ms=1000,
-                protocol_type="consumer",
-                protocols=[("range", subscription(SUBSCRIBED.topic))],
-                require_known_member_id=False,
-                supports_skip_assignment=True,
-            )
-        )
+        joined = await coordinator.join_group(first_join("g"))
         syncing = asyncio.ensure_future(
             coordinator.sync_group(
                 "g", joined.generation_id, joined.member_id, None, None, None, {joined.member_id: b"a"}
@@ -370,21 +361,7 @@ def test_a_client_that_goes_away_during_a_write_still_has_it_applied() -> None:
     async def scenario() -> None:
         coordinator, clock, manager = gated_coordinator()
         coordinator.startup()
-        joined = await coordinator.join_group(
-            JoinRequest(
-                group_id="g",
-                member_id="",
-                group_instance_id=None,
-                client_id="c",
-                client_host="/127.0.0.1",
-                session_timeout_ms=RETENTION_MS,
-                rebalance_timeout_ms=1000,
-                protocol_type="consumer",
-                protocols=[("range", subscription(SUBSCRIBED.topic))],
-                require_known_member_id=False,
-                supports_skip_assignment=True,
-            )
-        )
+        joined = await coordinator.join_group(first_join("g"))
         syncing = asyncio.ensure_future(
             coordinator.sync_group("g", joined.generation_id, joined.member_id, None, None, None, {joined.member_id: b"a"})
         )
