@@ -277,13 +277,13 @@ def test_counts_of_a_response_encoded_in_slices() -> None:
     assert group_errors == {ErrorCode.coordinator_not_available: (SLICE_SIZE + 2) // 2}
 
 
-def test_a_part_of_fetch_records_under_its_name_and_under_fetch() -> None:
-    fetch = RequestStats("Fetch")
-    consumer, follower = RequestStats("FetchConsumer", fetch), RequestStats("FetchFollower", fetch)
+def test_fetch_is_the_sum_of_its_consumer_and_follower_parts() -> None:
+    consumer, follower = RequestStats("FetchConsumer"), RequestStats("FetchFollower")
     consumer.received(12, 100)
     follower.received(12, 80)
     consumer.responded(0.0, 0.001, 0.002, 0.002, 0.002, 0.003, 0.0, 50)
-    follower.count_errors({ErrorCode.not_leader_or_follower: 2})
+    follower.errors[ErrorCode.not_leader_or_follower] = 2
+    fetch = RequestStats.sum_of("Fetch", (consumer, follower))
     assert (consumer.versions, follower.versions, fetch.versions) == ({12: 1}, {12: 1}, {12: 2})
     assert (consumer.total.count, follower.total.count, fetch.total.count) == (1, 0, 1)
     assert fetch.request_bytes.sum == 180 and fetch.response_bytes.sum == 50

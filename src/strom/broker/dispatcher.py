@@ -106,16 +106,18 @@ class RequestDispatcher:
         self._broker = broker
         self._handlers = handlers
         # Per API key, its request metrics (read by strom.broker.metrics at scrape time); a Fetch
-        # is recorded as FetchConsumer or FetchFollower too, as Kafka does.
-        self.request_stats: dict[int, RequestStats] = {
-            int(key): RequestStats(request_name(key)) for key in SUPPORTED_VERSIONS
+        # is recorded as FetchConsumer or FetchFollower, as Kafka does, and Fetch is their sum.
+        self._request_stats: dict[int, RequestStats] = {
+            int(key): RequestStats(request_name(key)) for key in SUPPORTED_VERSIONS if key != ApiKey.FETCH
         }
-        fetch = self.request_stats[ApiKey.FETCH]
-        self._fetch_consumer = RequestStats(fetch.name + "Consumer", fetch)
-        self._fetch_follower = RequestStats(fetch.name + "Follower", fetch)
+        fetch = request_name(ApiKey.FETCH)
+        self._fetch_consumer = RequestStats(fetch + "Consumer")
+        self._fetch_follower = RequestStats(fetch + "Follower")
 
-    def all_request_stats(self) -> list[RequestStats]:
-        return [*self.request_stats.values(), self._fetch_consumer, self._fetch_follower]
+    def request_stats(self) -> list[RequestStats]:
+        """Every request family's metrics, Fetch summed from its two parts now."""
+        parts = (self._fetch_consumer, self._fetch_follower)
+        return [*self._request_stats.values(), RequestStats.sum_of(request_name(ApiKey.FETCH), parts), *parts]
 
     async def handle(self, connection: KafkaConnection, frame: memoryview) -> Response:
         try:
@@ -151,7 +153,7 @@ class RequestDispatcher:
         if key == ApiKey.FETCH:
             stats = self._fetch_follower if _replica_id(version, request) >= 0 else self._fetch_consumer
         else:
-            stats = self.request_stats[api_key]
+            stats = self._request_stats[api_key]
         connection.request_stats = stats
         stats.received(version, len(frame) + 4)
         handler = self._handlers[key]
@@ -174,10 +176,7 @@ class RequestDispatcher:
     def _count_fetch(self, version: int, request: Any, stats: RequestStats, response: Any) -> None:
         by_id = version >= 13
         sizes: dict[Any, int] = {}
-        errors: dict[int, int] = {}
-        count_fetch(response, by_id, errors, sizes)
-        if errors:
-            stats.count_errors(errors)
+        count_fetch(response, by_id, stats.errors, sizes)
         if not sizes:
             return
         topic_stats: BrokerTopicStats = self._broker.replica_manager.topic_stats

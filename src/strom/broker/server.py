@@ -231,7 +231,7 @@ class BrokerServer:
         )
         self._connections = self.network.connections
         # Request and connection metrics, counted whether or not metrics.listener serves them.
-        self.request_stats: list[RequestStats] = self._dispatcher.all_request_stats()
+        self.request_stats: Callable[[], list[RequestStats]] = self._dispatcher.request_stats
         self.listener_stats = [ListenerStats(listener.name) for listener in config.client_listeners()]
         # metrics.listener's registry and endpoint, when it is set (strom.broker.metrics).
         self.metrics: BrokerMetrics | None = None

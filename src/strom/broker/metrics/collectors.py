@@ -112,7 +112,7 @@ class BrokerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         server = self._server
-        yield from request_families(server.request_stats)
+        yield from request_families(server.request_stats())
         yield from listener_families(server.listener_stats)
         yield from self._topic_families()
         yield from self._group_families()

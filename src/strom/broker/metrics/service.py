@@ -114,7 +114,7 @@ class BrokerMetrics:
             for family in self.registry.collect():
                 parts.append(generate_latest(_One(family)))
                 await asyncio.sleep(0)
-            for text in request_histograms_text(self._server.request_stats):
+            for text in request_histograms_text(self._server.request_stats()):
                 parts.append(text.encode())
                 await asyncio.sleep(0)
             rows, aggregates = await partition_families(self._server)

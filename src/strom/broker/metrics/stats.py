@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -52,6 +52,11 @@ class Histogram:
     def count(self) -> int:
         return sum(self.counts)
 
+    def add(self, other: Histogram) -> None:
+        """Add ``other``'s observations (same bounds)."""
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.sum += other.sum
+
     def cumulative(self) -> list[tuple[str, float]]:
         """(le, cumulative count) pairs, +Inf last: HistogramMetricFamily's buckets."""
         buckets: list[tuple[str, float]] = []
@@ -80,17 +85,12 @@ def error_name(code: int) -> str:
 
 
 class RequestStats:
-    """One API's requests: count by version, errors by code, latency and size histograms.
-
-    ``parent``: Kafka's split of Fetch into FetchConsumer and FetchFollower records each request
-    under its part and under Fetch as well (RequestChannel's metric names); a part passes what
-    it records on to its parent."""
+    """One API's requests: count by version, errors by code, latency and size histograms."""
 
     __slots__ = (
         "errors",
         "local",
         "name",
-        "parent",
         "queue",
         "remote",
         "request_bytes",
@@ -101,9 +101,8 @@ class RequestStats:
         "versions",
     )  # fmt: skip
 
-    def __init__(self, name: str, parent: RequestStats | None = None) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.parent = parent
         self.versions: dict[int, int] = {}
         self.errors: dict[int, int] = {}
         self.total = Histogram(LATENCY_MS_BUCKETS)
@@ -119,8 +118,6 @@ class RequestStats:
         versions = self.versions
         versions[version] = versions.get(version, 0) + 1
         self.request_bytes.observe(size)
-        if self.parent is not None:
-            self.parent.received(version, size)
 
     def responded(
         self,
@@ -143,14 +140,21 @@ class RequestStats:
         self.send.observe((written - write_start) * 1000)
         self.total.observe((written - received) * 1000)
         self.response_bytes.observe(response_size)
-        if self.parent is not None:
-            self.parent.responded(received, dequeued, handled, ready, write_start, written, waited, response_size)
 
-    def count_errors(self, errors: dict[int, int]) -> None:
-        """Add ``errors`` (code -> count) here and to the parent."""
-        _merge(self.errors, errors)
-        if self.parent is not None:
-            _merge(self.parent.errors, errors)
+    @classmethod
+    def sum_of(cls, name: str, parts: Iterable[RequestStats]) -> RequestStats:
+        """Figures that are their parts' added up, made at scrape time: Kafka records a Fetch under
+        Fetch and under FetchConsumer or FetchFollower (RequestChannel's metric names)."""
+        summed = cls(name)
+        for part in parts:
+            _merge(summed.versions, part.versions)
+            _merge(summed.errors, part.errors)
+            for attribute in _HISTOGRAMS:
+                getattr(summed, attribute).add(getattr(part, attribute))
+        return summed
+
+
+_HISTOGRAMS = ("total", "queue", "local", "remote", "response_queue", "send", "request_bytes", "response_bytes")
 
 
 class TopicStats:

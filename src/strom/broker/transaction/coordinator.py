@@ -441,4 +441,3 @@ class TransactionCoordinator:
                 self.state.remove(metadata)
                 removed += 1
         return removed
-
