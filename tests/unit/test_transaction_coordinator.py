@@ -8,6 +8,7 @@ back) and the marker channel (answers each partition as a test says).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from strom.broker.coordinator.loader import CoordinatorLoader
 from strom.broker.partition import TopicPartition
 from strom.broker.replica_manager import ProduceResult
+from strom.broker.transaction import coordinator as coordinator_module
 from strom.broker.transaction.coordinator import TransactionConfig, TransactionCoordinator
 from strom.broker.transaction.log_records import TransactionState, decode_key, decode_value
 from strom.broker.transaction.markers import TxnMarker
@@ -361,6 +363,26 @@ def test_markers_are_retried_until_every_partition_has_one(harness: Harness) -> 
     run(harness, harness.settle())
     assert harness.metadata().state == S.COMPLETE_COMMIT
     assert [sorted(m.partitions) for m in harness.markers.sent] == [[T0, T1], [T1], [T1]]
+
+
+def test_markers_that_keep_failing_are_logged_naming_a_bounded_number_of_partitions(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transaction of 12 partitions whose markers fail once: the stall log (here due at once)
+    names the first 10 with their error and counts the rest, however many partitions there are."""
+    monkeypatch.setattr(coordinator_module, "MARKER_STALL_LOG_S", 0.0)
+    metadata = in_state(harness, S.ONGOING)
+    partitions = {TopicPartition("t", p) for p in range(12)}
+    metadata.partitions = set(partitions)
+    for tp in partitions:
+        harness.markers.errors[tp] = [E.not_leader_or_follower]
+    with caplog.at_level(logging.WARNING, logger=coordinator_module.__name__):
+        assert run(harness, harness.coordinator.end_transaction(TID, PID, EPOCH, True)) == E.none
+        run(harness, harness.settle())
+    assert harness.metadata().state == S.COMPLETE_COMMIT
+    (stall,) = [r for r in caplog.records if r.getMessage() == "transaction markers not all written yet; retrying"]
+    named = sorted(partitions, key=str)[:10]
+    assert stall.__dict__["pending"] == ", ".join(f"{tp}: not_leader_or_follower" for tp in named) + ", and 2 more"
 
 
 def test_a_fenced_coordinator_stops_writing_markers(harness: Harness) -> None:

@@ -45,6 +45,8 @@ MAX_MARKER_RETRY_BACKOFF_S = 2.0
 # A transaction whose markers are still not all written after this long is logged (again every
 # period): until then its id answers CONCURRENT_TRANSACTIONS, and an operator needs to see why.
 MARKER_STALL_LOG_S = 5.0
+# Partitions a stall log names (a transaction may span thousands); the rest are counted.
+MARKER_STALL_LOG_PARTITIONS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +387,7 @@ class TransactionCoordinator:
                             "transactional_id": transactional_id,
                             "result": result.name,
                             "seconds": round(now - started, 1),
-                            "pending": ", ".join(f"{tp}: {why.get(tp, '?')}" for tp in sorted(pending, key=str)),
+                            "pending": _stalled(pending, why),
                         },
                     )
                 await asyncio.sleep(backoff)
@@ -441,3 +443,11 @@ class TransactionCoordinator:
                 self.state.remove(metadata)
                 removed += 1
         return removed
+
+
+def _stalled(pending: set[TopicPartition], why: dict[TopicPartition, str]) -> str:
+    """The first partitions still without their marker, each with why, and how many more."""
+    named = sorted(pending, key=str)[:MARKER_STALL_LOG_PARTITIONS]
+    text = ", ".join(f"{tp}: {why.get(tp, '?')}" for tp in named)
+    more = len(pending) - len(named)
+    return f"{text}, and {more} more" if more else text
