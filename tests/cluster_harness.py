@@ -314,9 +314,15 @@ class Cluster:
 
     @property
     def zk(self) -> KazooClient:
-        """A kazoo client on the cluster's chroot (the test's own session, direct, no proxy)."""
+        """A kazoo client on the cluster's chroot (the test's own session, direct, no proxy).
+        Its reads go through ``client.retry``: a test that takes ZooKeeper's quorum away can
+        outlast this session too, and a read then retries on the new one (up to 30 s)."""
         if self._zk is None:
-            client = KazooClient(hosts=self.zookeeper.connect + CHROOT, timeout=10.0)
+            client = KazooClient(
+                hosts=self.zookeeper.connect + CHROOT,
+                timeout=10.0,
+                command_retry={"max_tries": -1, "max_delay": 1.0, "deadline": 30.0},
+            )
             with warnings.catch_warnings():
                 # The brokers create the chroot; until the first one has, kazoo warns at connect.
                 warnings.filterwarnings("ignore", "No chroot path exists")
@@ -326,7 +332,7 @@ class Cluster:
 
     def _get(self, path: str) -> tuple[bytes, Any] | None:
         try:
-            data, stat = self.zk.get(path)
+            data, stat = self.zk.retry(self.zk.get, path)
         except NoNodeError:
             return None
         return data, stat
@@ -337,12 +343,12 @@ class Cluster:
         restarted broker registers only then."""
         registered = set()
         try:
-            children = self.zk.get_children(znodes.BROKER_IDS)
+            children = self.zk.retry(self.zk.get_children, znodes.BROKER_IDS)
         except NoNodeError:
             return registered
         for child in children:
             broker_id = int(child)
-            stat = self.zk.exists(znodes.broker_path(broker_id))
+            stat = self.zk.retry(self.zk.exists, znodes.broker_path(broker_id))
             broker = self.brokers.get(broker_id)
             # ZooKeeper's ctime and the test's clock are the same machine's wall clock.
             if stat is not None and (broker is None or stat.ctime / 1000 >= broker.started_at - 1):
